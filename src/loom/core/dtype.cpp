@@ -1,0 +1,33 @@
+#include "loom/core/dtype.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+#include "loom/error.h"
+
+namespace loom {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::F64: return "F64";
+  }
+  return "?";
+}
+
+DType parse_dtype(std::string_view s) {
+  std::string l(s);
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (l == "f32" || l == "float32" || l == "fp32") return DType::F32;
+  if (l == "bf16" || l == "bfloat16") return DType::BF16;
+  if (l == "i32" || l == "int32") return DType::I32;
+  if (l == "i64" || l == "int64") return DType::I64;
+  if (l == "f64" || l == "float64" || l == "fp64") return DType::F64;
+  throw ConfigError("unsupported dtype '" + std::string(s) + "' (valid: f32, bf16, i32, i64, f64)");
+}
+
+}  // namespace loom

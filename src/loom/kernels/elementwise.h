@@ -1,0 +1,129 @@
+// Memory-bound kernels of a transformer step, on raw f32 pointers (llm.c style: outputs, then
+// saved-for-backward, then inputs, then weights, then dimensions). Each family has a plain reference
+// (namespace ref, loops a reader can check against the math) and the fast version used in training
+// (OpenMP across rows, vectorised for AVX-512 / AVX2 chosen at run time by target_clones).
+//
+// Gradient conventions, so the model can chain them without extra passes:
+//  * parameter gradients (dweight, dbias, dwte, dwpe) always ACCUMULATE (+=), for gradient accumulation;
+//  * norm backward ACCUMULATES into dinp (the residual stream's gradient is a sum of branches);
+//  * element-wise activation backward (gelu, swiglu) WRITES dinp (its input has one consumer);
+//  * rope works in place.
+// Shapes: N = rows (B*T), C = channels, V = vocabulary, F = MLP width.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/bf16.h"
+#include "loom/kernels/kernel_cost.h"
+
+namespace loom::kernels {
+
+// ---- embedding: out[b,t,:] = wte[tokens[b,t],:] (+ wpe[t,:] when wpe != nullptr) ----
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C);
+// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (dwpe may be nullptr).
+// Deterministic: the same inputs give bitwise the same result for a given thread count.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C);
+KernelCost embedding_cost(int64_t N, int64_t C);
+
+// ---- LayerNorm over the last dim: out = (x - mean) * rstd * weight + bias; saves mean, rstd [N] ----
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int64_t C, float eps);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+KernelCost layernorm_cost(int64_t N, int64_t C, bool backward);
+
+// ---- RMSNorm: out = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps); saves rstd [N] ----
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int64_t N, int64_t C);
+KernelCost rmsnorm_cost(int64_t N, int64_t C, bool backward);
+
+// ---- GELU, tanh approximation (GPT-2's "gelu_new"), element-wise over n values ----
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+KernelCost gelu_cost(int64_t n, bool backward);
+
+// ---- SwiGLU: gu is [N, 2F] with gate in columns [0, F) and up in [F, 2F); out[N, F] = silu(gate) * up ----
+void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);
+KernelCost swiglu_cost(int64_t N, int64_t F, bool backward);
+
+// ---- Rotary position embedding, Hugging Face Llama convention (rotate_half: element i pairs with
+// i + D/2 within a head). qkv is [B, T, (H + 2*KVH) * D]: q heads, then k heads, then v heads per row.
+// cos/sin tables are [T, D/2] with angle t * theta^(-2i/D). Forward rotates q and k in place;
+// backward applies the inverse rotation to the gradient in place (v untouched in both). ----
+void rope_tables(float* cos, float* sin, int64_t T, int64_t D, float theta);
+void rope_forward(float* qkv, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                  int64_t D);
+void rope_backward(float* dqkv, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                   int64_t D);
+KernelCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+
+// ---- Fused softmax + cross-entropy, forward and backward in one pass over the logits.
+// logits [N, V] are overwritten with dlogits = (softmax - onehot(target)) * grad_scale; losses[n] gets
+// -log softmax[target]. A target < 0 is ignored: loss 0 and zero gradient for that row. ----
+void softmax_cross_entropy(float* losses, float* logits_to_dlogits, const int32_t* targets, int64_t N, int64_t V,
+                           float grad_scale);
+// Forward only (validation): losses[n], logits untouched.
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, int64_t V);
+KernelCost softmax_cross_entropy_cost(int64_t N, int64_t V);
+
+// ---- bias gradient: dbias[j] += sum_n dout[n, j] (deterministic for a given thread count) ----
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC);
+KernelCost bias_backward_cost(int64_t N, int64_t OC);
+
+// ---- fused AdamW (decoupled weight decay, Loshchilov & Hutter) on fp32 masters:
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//   param -= lr * ( (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * param )
+// When param_bf16 != nullptr the updated param is also written there rounded to nearest-even bf16,
+// saving a separate cast pass. step counts from 1. ----
+void adamw_update(float* param, float* m, float* v, bf16* param_bf16, const float* grad, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale);
+KernelCost adamw_cost(int64_t n);
+
+// ---- sum of squares in double, for the global gradient norm (deterministic for a thread count) ----
+double sum_squares(const float* x, int64_t n);
+// ---- first non-finite element's index, or -1 ----
+int64_t find_non_finite(const float* x, int64_t n);
+
+// ---- casts ----
+void cast_f32_to_bf16(bf16* out, const float* inp, int64_t n);
+void cast_bf16_to_f32(float* out, const bf16* inp, int64_t n);
+// Rounds f32 values to the nearest bf16 in place (the bf16 fallback on CPUs without bf16 GEMMs).
+void round_to_bf16_inplace(float* x, int64_t n);
+// y = a + b element-wise (residual connections)
+void add(float* out, const float* a, const float* b, int64_t n);
+KernelCost cast_cost(int64_t n);
+
+namespace ref {
+// Plain fp32 references of the kernels above, same signatures and conventions. Kept forever as the
+// oracle the fast versions are tested against.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int64_t C, float eps);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int64_t N, int64_t C);
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);
+void rope_forward(float* qkv, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                  int64_t D);
+void rope_backward(float* dqkv, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                   int64_t D);
+void softmax_cross_entropy(float* losses, float* logits_to_dlogits, const int32_t* targets, int64_t N, int64_t V,
+                           float grad_scale);
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC);
+void adamw_update(float* param, float* m, float* v, bf16* param_bf16, const float* grad, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale);
+}  // namespace ref
+
+}  // namespace loom::kernels

@@ -1,0 +1,113 @@
+#include "loom/spec/param_table.h"
+
+#include <cmath>
+
+#include "loom/error.h"
+
+namespace loom::spec {
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+void ParamTable::add(ParamSpec p) {
+  if (index_of(p.name)) throw ConfigError("parameter '" + p.name + "' defined twice");
+  // Keep every tensor 64-byte aligned in an f32 arena so vector kernels can assume it.
+  total_ = (total_ + 15) / 16 * 16;
+  p.offset = total_;
+  total_ += p.numel();
+  params_.push_back(std::move(p));
+}
+
+int64_t ParamTable::non_embedding_numel() const {
+  int64_t n = 0;
+  for (auto& p : params_)
+    if (p.name != "transformer.wte.weight" && p.name != "transformer.wpe.weight" &&
+        p.name != "model.embed_tokens.weight" && p.name != "lm_head.weight")
+      n += p.numel();
+  return n;
+}
+
+std::optional<size_t> ParamTable::index_of(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return i;
+  return std::nullopt;
+}
+
+const ParamSpec& ParamTable::at(const std::string& name) const {
+  auto i = index_of(name);
+  if (!i) throw ConfigError("no parameter named '" + name + "' in this model");
+  return params_[*i];
+}
+
+namespace {
+
+ParamSpec matrix(std::string name, int64_t out, int64_t in, float std) {
+  return {std::move(name), {out, in}, {Init::Kind::Normal, std}, Placement::replicate(), true, 0};
+}
+ParamSpec vec(std::string name, int64_t n, Init::Kind kind) {
+  return {std::move(name), {n}, {kind, 0.0f}, Placement::replicate(), false, 0};
+}
+
+void add_gpt2(ParamTable& t, const TransformerConfig& c) {
+  const int64_t C = c.d_model;
+  // GPT-2 scales the init of projections that write into the residual stream by 1/sqrt(2L),
+  // so the residual's variance does not grow with depth.
+  const float resid_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
+  t.add(matrix("transformer.wte.weight", c.vocab_size, C, c.init_std));
+  t.add(matrix("transformer.wpe.weight", c.max_seq, C, c.init_std));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::string p = "transformer.h." + std::to_string(l) + ".";
+    t.add(vec(p + "ln_1.weight", C, Init::Kind::Ones));
+    t.add(vec(p + "ln_1.bias", C, Init::Kind::Zeros));
+    t.add(matrix(p + "attn.c_attn.weight", 3 * C, C, c.init_std));
+    t.add(vec(p + "attn.c_attn.bias", 3 * C, Init::Kind::Zeros));
+    t.add(matrix(p + "attn.c_proj.weight", C, C, resid_std));
+    t.add(vec(p + "attn.c_proj.bias", C, Init::Kind::Zeros));
+    t.add(vec(p + "ln_2.weight", C, Init::Kind::Ones));
+    t.add(vec(p + "ln_2.bias", C, Init::Kind::Zeros));
+    t.add(matrix(p + "mlp.c_fc.weight", c.d_ff, C, c.init_std));
+    t.add(vec(p + "mlp.c_fc.bias", c.d_ff, Init::Kind::Zeros));
+    t.add(matrix(p + "mlp.c_proj.weight", C, c.d_ff, resid_std));
+    t.add(vec(p + "mlp.c_proj.bias", C, Init::Kind::Zeros));
+  }
+  t.add(vec("transformer.ln_f.weight", C, Init::Kind::Ones));
+  t.add(vec("transformer.ln_f.bias", C, Init::Kind::Zeros));
+  if (!c.tie_embeddings) t.add(matrix("lm_head.weight", c.vocab_size, C, c.init_std));
+}
+
+void add_llama(ParamTable& t, const TransformerConfig& c) {
+  const int64_t C = c.d_model, hd = c.head_dim();
+  const float resid_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
+  t.add(matrix("model.embed_tokens.weight", c.vocab_size, C, c.init_std));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    t.add(vec(p + "input_layernorm.weight", C, Init::Kind::Ones));
+    t.add(matrix(p + "self_attn.q_proj.weight", c.n_heads * hd, C, c.init_std));
+    t.add(matrix(p + "self_attn.k_proj.weight", c.n_kv_heads * hd, C, c.init_std));
+    t.add(matrix(p + "self_attn.v_proj.weight", c.n_kv_heads * hd, C, c.init_std));
+    t.add(matrix(p + "self_attn.o_proj.weight", C, c.n_heads * hd, resid_std));
+    t.add(vec(p + "post_attention_layernorm.weight", C, Init::Kind::Ones));
+    t.add(matrix(p + "mlp.gate_proj.weight", c.d_ff, C, c.init_std));
+    t.add(matrix(p + "mlp.up_proj.weight", c.d_ff, C, c.init_std));
+    t.add(matrix(p + "mlp.down_proj.weight", C, c.d_ff, resid_std));
+  }
+  t.add(vec("model.norm.weight", C, Init::Kind::Ones));
+  if (!c.tie_embeddings) t.add(matrix("lm_head.weight", c.vocab_size, C, c.init_std));
+}
+
+}  // namespace
+
+ParamTable build_param_table(const TransformerConfig& cfg) {
+  cfg.validate();
+  ParamTable t;
+  if (cfg.arch == Arch::GPT2)
+    add_gpt2(t, cfg);
+  else
+    add_llama(t, cfg);
+  return t;
+}
+
+}  // namespace loom::spec

@@ -1,0 +1,53 @@
+// The parameter table: every trainable tensor of a model as {name, shape, initialiser, placement,
+// weight decay}, derived from a TransformerConfig. Parameters, gradients and optimizer state each
+// live in one arena laid out by this table, so bucketing, sharding and checkpoints are slicing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/spec/placement.h"
+#include "loom/spec/transformer_config.h"
+
+namespace loom::spec {
+
+struct Init {
+  enum class Kind { Normal, Zeros, Ones };
+  Kind kind = Kind::Normal;
+  float std = 0.02f;
+};
+
+struct ParamSpec {
+  std::string name;             // Hugging Face-compatible, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;   // matrices are [out_features, in_features], as torch.nn.Linear
+  Init init;
+  Placement placement;
+  bool weight_decay = false;    // matrices (embeddings included) decay; biases and norm gains do not
+  int64_t offset = 0;           // element offset in the arena
+
+  int64_t numel() const;
+};
+
+class ParamTable {
+ public:
+  const std::vector<ParamSpec>& params() const { return params_; }
+  int64_t total_numel() const { return total_; }
+  // Parameters excluding token and position embeddings (the LM head counts only when untied).
+  int64_t non_embedding_numel() const;
+  const ParamSpec& at(const std::string& name) const;  // throws ConfigError naming the tensor
+  std::optional<size_t> index_of(const std::string& name) const;
+
+  void add(ParamSpec p);
+
+ private:
+  std::vector<ParamSpec> params_;
+  int64_t total_ = 0;
+};
+
+// Builds the table in the order the forward pass touches the tensors. Within a layer, q/k/v (Llama)
+// and gate/up are adjacent, so one GEMM can run on their concatenation.
+ParamTable build_param_table(const TransformerConfig& cfg);
+
+}  // namespace loom::spec

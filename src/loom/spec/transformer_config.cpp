@@ -1,0 +1,74 @@
+#include "loom/spec/transformer_config.h"
+
+#include <stdexcept>
+
+#include "loom/error.h"
+#include "loom/spec/param_table.h"
+
+namespace loom::spec {
+
+std::string_view arch_name(Arch a) { return a == Arch::GPT2 ? "gpt2" : "llama"; }
+
+Arch parse_arch(std::string_view s) {
+  if (s == "gpt2") return Arch::GPT2;
+  if (s == "llama") return Arch::Llama;
+  throw ConfigError("model.arch = '" + std::string(s) + "' is not known (valid: gpt2, llama)");
+}
+
+void TransformerConfig::validate() const {
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw ConfigError(msg);
+  };
+  auto s = [](int64_t v) { return std::to_string(v); };
+  need(vocab_size > 0, "model.vocab_size must be positive (got " + s(vocab_size) + ")");
+  need(max_seq > 0, "model.max_seq must be positive (got " + s(max_seq) + ")");
+  need(n_layers > 0, "model.n_layers must be positive (got " + s(n_layers) + ")");
+  need(n_heads > 0 && d_model > 0, "model.d_model and model.n_heads must be positive");
+  need(d_model % n_heads == 0, "model.d_model = " + s(d_model) + " is not divisible by model.n_heads = " +
+                                   s(n_heads) + "; choose heads that divide d_model");
+  need(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+       "model.n_kv_heads = " + s(n_kv_heads) + " must divide model.n_heads = " + s(n_heads));
+  need(arch == Arch::Llama || n_kv_heads == n_heads,
+       "model.n_kv_heads = " + s(n_kv_heads) + " differs from n_heads = " + s(n_heads) +
+           ", but grouped-query attention needs arch = \"llama\"");
+  need(arch != Arch::Llama || head_dim() % 2 == 0,
+       "rotary embeddings need an even head dimension (d_model / n_heads = " + s(head_dim()) + ")");
+  need(d_ff > 0, "model.d_ff must be positive (got " + s(d_ff) + ")");
+  need(norm_eps > 0, "model.norm_eps must be positive");
+  need(init_std > 0, "model.init_std must be positive");
+}
+
+TransformerConfig preset(std::string_view name) {
+  TransformerConfig c;
+  c.name = std::string(name);
+  if (name == "tiny") {
+    c.vocab_size = 512, c.max_seq = 64, c.d_model = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 4, c.d_ff = 256;
+  } else if (name == "tiny-llama") {
+    c.arch = Arch::Llama, c.tie_embeddings = false;
+    c.vocab_size = 512, c.max_seq = 64, c.d_model = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.d_ff = 192;
+  } else if (name == "mini") {
+    c.vocab_size = 8192, c.max_seq = 256, c.d_model = 384, c.n_layers = 6, c.n_heads = 6, c.n_kv_heads = 6, c.d_ff = 1536;
+  } else if (name == "gpt2-124m") {
+    c.vocab_size = 50257, c.max_seq = 1024, c.d_model = 768, c.n_layers = 12, c.n_heads = 12, c.n_kv_heads = 12,
+    c.d_ff = 3072;
+  } else if (name == "llama-mini") {
+    c.arch = Arch::Llama, c.tie_embeddings = false, c.norm_eps = 1e-5f;
+    c.vocab_size = 8192, c.max_seq = 256, c.d_model = 384, c.n_layers = 6, c.n_heads = 6, c.n_kv_heads = 2, c.d_ff = 1024;
+  } else {
+    std::string valid;
+    for (auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+    throw ConfigError("unknown model preset '" + std::string(name) + "' (valid: " + valid + ")");
+  }
+  return c;
+}
+
+std::vector<std::string> preset_names() { return {"tiny", "tiny-llama", "mini", "gpt2-124m", "llama-mini"}; }
+
+double model_flops_per_token(const TransformerConfig& cfg, int64_t seq_len) {
+  ParamTable table = build_param_table(cfg);
+  double dense = static_cast<double>(table.non_embedding_numel() + cfg.vocab_size * cfg.d_model);
+  double attention = 6.0 * static_cast<double>(cfg.n_layers * seq_len * cfg.n_heads * cfg.head_dim());
+  return 6.0 * dense + attention;
+}
+
+}  // namespace loom::spec
