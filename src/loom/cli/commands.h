@@ -1,0 +1,19 @@
+// Each `loom` subcommand registers itself on the CLI11 app; main() dispatches and turns errors into
+// one line on stderr and a non-zero exit.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace loom::cli {
+
+using Action = std::function<int()>;
+
+// Returns the action to run if the subcommand was chosen.
+void register_train(CLI::App& app, Action& action);
+void register_info(CLI::App& app, Action& action);
+
+// Threads per rank: LOOM_THREADS, else `configured` if > 0, else every core.
+int resolve_threads(int configured);
+
+}  // namespace loom::cli

@@ -1,0 +1,30 @@
+// The `loom` binary: one file per subcommand; this file only dispatches and reports errors.
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "loom/cli/commands.h"
+#include "loom/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Loom: a distributed training engine for transformer language models"};
+  app.set_version_flag("--version", std::string("loom ") + LOOM_VERSION + " (" + LOOM_GIT_COMMIT + ")");
+  app.require_subcommand(1);
+  loom::cli::Action action;
+  loom::cli::register_train(app, action);
+  loom::cli::register_info(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: internal error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,139 @@
+// `loom train`: train a model from a TOML config plus --set overrides, with a progress line, a
+// JSON-lines metrics log, a run manifest, an optional Chrome trace and a time breakdown at the end.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "loom/cli/commands.h"
+#include "loom/kernels/cpu_backend.h"
+#include "loom/kernels/peak_probe.h"
+#include "loom/train/run_log.h"
+#include "loom/train/trainer.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct TrainOptions {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string trace;
+  bool quiet = false;
+  bool json = false;
+};
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int run_train(const TrainOptions& o) {
+  train::RunConfig cfg = o.config.empty() ? train::parse_run_config("", "<defaults>", o.sets)
+                                          : train::load_run_config(o.config, o.sets);
+  if (!o.trace.empty()) cfg.trace.file = o.trace;
+  const int threads = resolve_threads(cfg.train.threads);
+  const bool tty = isatty(STDERR_FILENO);
+  auto say = [&](const std::string& line) {
+    if (!o.quiet) fmt::print(stderr, "{}\n", line);
+  };
+
+  profile::Tracer tracer(!cfg.trace.file.empty() ? profile::Tracer::Mode::Full
+                         : cfg.trace.summary    ? profile::Tracer::Mode::Summary
+                                                : profile::Tracer::Mode::Off);
+  Allocator alloc;
+  kernels::CpuBackend backend(alloc, &tracer, threads);
+  train::RunIdentity id{LOOM_VERSION, LOOM_GIT_COMMIT, backend.describe(), threads, 0, ""};
+  say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
+  const auto& m = cfg.model.resolved;
+  const auto table = spec::build_param_table(m);
+  say(fmt::format("model {} ({}): {:.2f} M parameters, L={} C={} H={} KV={} V={} | {} | batch {} x {} tokens (micro {})",
+                  cfg.model.preset, spec::arch_name(m.arch), table.total_numel() * 1e-6, m.n_layers, m.d_model,
+                  m.n_heads, m.n_kv_heads, m.vocab_size, model::precision_name(cfg.precision), cfg.train.batch_size,
+                  cfg.seq_len(), cfg.micro_batch()));
+  const DType peak_type = cfg.precision == model::Precision::BF16 ? DType::BF16 : DType::F32;
+  auto peak = kernels::device_peak_flops(peak_type, threads);
+  id.peak_flops = peak.flops_per_s;
+  id.peak_source = peak.source;
+  say(fmt::format("device peak {} GEMM {:.1f} GFLOP/s ({})", dtype_name(peak_type), peak.flops_per_s * 1e-9, peak.source));
+
+  train::write_run_manifest(cfg.train.out_dir, cfg, id);
+  train::MetricsLog log(cfg.train.out_dir);
+  train::Trainer trainer(cfg, backend, peak.flops_per_s);
+
+  std::vector<double> tps, mfus;
+  std::optional<double> last_val;
+  double last_loss = 0;
+  // The first steps pay for primitive creation and page faults; exclude them from the summary.
+  const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
+  trainer.run([&](const train::StepMetrics& s) {
+    log.write(s);
+    last_loss = s.loss;
+    if (s.val_loss) last_val = s.val_loss;
+    if (s.step > warmup) tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
+    if (s.step == warmup) tracer.reset_stats();
+    if (o.quiet || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return;
+    double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step));
+    std::string line = fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
+                                   s.step, std::to_string(s.total_steps).size(), s.total_steps, s.loss,
+                                   s.val_loss ? fmt::format(" | val {:.4f}", *s.val_loss) : "", s.lr, s.grad_norm,
+                                   s.tokens_per_s, 100.0 * s.mfu, duration(eta));
+    const bool keep = !tty || s.val_loss || s.step == s.total_steps;
+    fmt::print(stderr, "{}{}{}", tty ? "\r\033[K" : "", line, keep ? "\n" : "");
+  });
+
+  double wall = 0;
+  for (auto& [name, st] : tracer.stats())
+    if (name == "step" || name == "eval") wall += st.seconds;
+  const double med_tps = median(tps), med_mfu = median(mfus);
+  double declared = 0;
+  for (auto& [name, st] : tracer.stats())
+    if (st.category == profile::Category::Gemm || st.category == profile::Category::Kernel) declared += st.flops;
+  const double hfu = wall > 0 && peak.flops_per_s > 0 ? declared / wall / peak.flops_per_s : 0;
+  say(fmt::format("done: loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
+                  last_loss, last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
+                  alloc.total().peak / 1048576.0, log.path()));
+  if (tracer.on() && !o.quiet && wall > 0) say(profile::format_breakdown(profile::breakdown(tracer, wall)));
+  if (!cfg.trace.file.empty()) {
+    tracer.write_chrome_trace(cfg.trace.file);
+    say("trace written to " + cfg.trace.file + " (open in https://ui.perfetto.dev)");
+  }
+  if (o.json) {
+    nlohmann::json j{{"framework", "loom"},   {"preset", cfg.model.preset}, {"precision", model::precision_name(cfg.precision)},
+                     {"threads", threads},    {"tokens_per_s", med_tps},    {"mfu", med_mfu},
+                     {"hfu", hfu},            {"final_loss", last_loss},    {"steps", cfg.train.steps},
+                     {"peak_flops", peak.flops_per_s}, {"peak_bytes", alloc.total().peak}};
+    if (last_val) j["val_loss"] = *last_val;
+    fmt::print("{}\n", j.dump());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_train(CLI::App& app, Action& action) {
+  auto o = std::make_shared<TrainOptions>();
+  auto* cmd = app.add_subcommand("train", "Train a model from a TOML config");
+  cmd->add_option("-c,--config", o->config, "TOML config (configs/*.toml); without it the defaults below apply")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--set", o->sets, "override a config key, e.g. --set train.lr=3e-4 (repeatable)");
+  cmd->add_option("--trace", o->trace, "write a Chrome/Perfetto trace JSON of every kernel to this file");
+  cmd->add_flag("-q,--quiet", o->quiet, "no progress output (the metrics log is still written)");
+  cmd->add_flag("--json", o->json, "print a one-line JSON summary on stdout at the end");
+  cmd->footer("Config keys (TOML tables; --set uses the dotted names):\n" + train::config_reference());
+  cmd->callback([&action, o] { action = [o] { return run_train(*o); }; });
+}
+
+}  // namespace loom::cli

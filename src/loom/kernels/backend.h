@@ -1,0 +1,62 @@
+// The device-backend interface: the operations the model and trainer run, on Tensors. The CPU backend
+// implements them with oneDNN GEMMs and Loom's own kernels; a CUDA backend would add a
+// subclass, not change callers. Each operation opens a trace span carrying its FLOPs and bytes.
+// Kept as small as the model needs: no speculative methods.
+#pragma once
+
+#include <string>
+
+#include "loom/core/tensor.h"
+#include "loom/kernels/attention.h"
+#include "loom/profile/tracer.h"
+
+namespace loom::kernels {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual profile::Tracer* tracer() = 0;
+  // One line for start-up logs: ISA, threads, GEMM implementations, bf16 mode.
+  virtual std::string describe() const = 0;
+
+  // y[N,OC] (+)= x[N,IC] . w[OC,IC]^T (+ b[OC]); x and w both f32 or both bf16; y, b f32.
+  virtual void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b,
+                              bool accumulate) = 0;
+  // dx (+)= dy . w (skipped when dx is null); dw += dy^T . x; db += column sums of dy (when non-null).
+  // dy is f32; when x and w are bf16 it is rounded to bf16 once for both GEMMs.
+  virtual void linear_backward(const Tensor* dx, bool dx_accumulate, const Tensor& dw, const Tensor* db,
+                               const Tensor& dy, const Tensor& x, const Tensor& w) = 0;
+
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) = 0;
+  virtual void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout,
+                                  const Tensor& tokens) = 0;
+  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                 const Tensor& w, const Tensor& b, float eps) = 0;
+  virtual void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                  const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                                const Tensor& w, const Tensor& rstd) = 0;
+  virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
+  virtual void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
+  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) = 0;
+  virtual void rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const AttentionShape& s) = 0;
+  virtual void rope_backward(const Tensor& dqkv, const Tensor& cos, const Tensor& sin, const AttentionShape& s) = 0;
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                 const AttentionShape& s) = 0;
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                                  const Tensor& qkv, const AttentionShape& s) = 0;
+  // Fused softmax + cross-entropy: logits become dlogits * grad_scale, per-row losses written.
+  virtual void softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                     float grad_scale) = 0;
+  virtual void cross_entropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets) = 0;
+  // f32 -> bf16 (round to nearest even) or bf16 -> f32, by the tensors' dtypes.
+  virtual void cast(const Tensor& out, const Tensor& in) = 0;
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+};
+
+}  // namespace loom::kernels

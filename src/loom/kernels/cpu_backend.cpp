@@ -1,0 +1,247 @@
+#include "loom/kernels/cpu_backend.h"
+
+#include <omp.h>
+
+#include "loom/core/cpu_features.h"
+#include "loom/error.h"
+#include "loom/kernels/elementwise.h"
+#include "loom/kernels/gemm.h"
+
+namespace loom::kernels {
+
+using profile::Category;
+using profile::Span;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw ShapeError(what);
+}
+
+// Rows and columns of a tensor seen as a matrix whose columns are its last dimension.
+int64_t rows(const Tensor& t) { return t.shape().rank() == 0 ? 1 : t.numel() / t.dim(-1); }
+int64_t cols(const Tensor& t) { return t.shape().rank() == 0 ? 1 : t.dim(-1); }
+
+std::string sh(const Tensor& t) { return std::string(dtype_name(t.dtype())) + t.shape().str(); }
+
+void expect_f32(const Tensor& t, const char* op, const char* name) {
+  expect(t.dtype() == DType::F32, std::string(op) + ": " + name + " must be F32, got " + sh(t));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(Allocator& alloc, profile::Tracer* tracer, int threads)
+    : alloc_(alloc), tracer_(tracer), threads_(threads > 0 ? threads : omp_get_num_procs()) {
+  omp_set_num_threads(threads_);
+}
+
+std::string CpuBackend::describe() const {
+  const auto& f = CpuFeatures::detect();
+  std::string bf16 = gemm_bf16_mode() == Bf16GemmMode::Native
+                         ? "native"
+                         : "unavailable on this CPU: bf16 runs as bf16-rounded inputs with f32 GEMMs";
+  return "cpu " + f.summary() + ", " + std::to_string(threads_) + " threads, kernels " + f.vector_isa() +
+         ", gemm f32 " + gemm_impl_name(DType::F32) + ", gemm bf16 " + gemm_impl_name(DType::BF16) + " (bf16 " +
+         bf16 + ")";
+}
+
+void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, bool accumulate) {
+  expect(x.dtype() == w.dtype(), "linear: input " + sh(x) + " and weight " + sh(w) + " must share a dtype");
+  expect(w.shape().rank() == 2 && cols(x) == w.dim(1) && rows(y) == rows(x) && cols(y) == w.dim(0),
+         "linear: y " + sh(y) + " != x " + sh(x) + " . w^T " + sh(w));
+  expect_f32(y, "linear", "output");
+  GemmDesc d{.M = rows(x), .N = w.dim(0), .K = w.dim(1), .trans_b = true, .ab_type = x.dtype(),
+             .accumulate = accumulate, .bias = b != nullptr};
+  auto c = gemm_cost(d);
+  Span span(tracer_, "gemm_fwd", Category::Gemm, c.flops, c.bytes);
+  gemm(d, x.raw(), w.raw(), y.data<float>(), b ? b->data<float>() : nullptr, alloc_);
+}
+
+void CpuBackend::linear_backward(const Tensor* dx, bool dx_accumulate, const Tensor& dw, const Tensor* db,
+                                 const Tensor& dy, const Tensor& x, const Tensor& w) {
+  expect_f32(dy, "linear_backward", "dy");
+  expect(rows(dy) == rows(x) && cols(dy) == w.dim(0) && cols(x) == w.dim(1) && dw.shape() == w.shape(),
+         "linear_backward: dy " + sh(dy) + ", x " + sh(x) + ", w " + sh(w) + ", dw " + sh(dw) + " do not fit");
+  const int64_t N = rows(x), OC = w.dim(0), IC = w.dim(1);
+  const void* g = dy.raw();
+  Buffer lowp;
+  if (w.dtype() == DType::BF16) {
+    // The gradient enters both GEMMs in the same precision as the weights and activations.
+    Span span(tracer_, "cast_dy_bf16", Category::Kernel, 0, cast_cost(dy.numel()).bytes);
+    lowp = Buffer(alloc_, sizeof(bf16) * dy.numel(), MemCategory::Workspace);
+    cast_f32_to_bf16(static_cast<bf16*>(lowp.data()), dy.data<float>(), dy.numel());
+    g = lowp.data();
+  }
+  if (dx) {
+    expect_f32(*dx, "linear_backward", "dx");
+    expect(dx->numel() == N * IC, "linear_backward: dx " + sh(*dx) + " does not match x " + sh(x));
+    GemmDesc d{.M = N, .N = IC, .K = OC, .ab_type = w.dtype(), .accumulate = dx_accumulate};
+    auto c = gemm_cost(d);
+    Span span(tracer_, "gemm_bwd_data", Category::Gemm, c.flops, c.bytes);
+    gemm(d, g, w.raw(), dx->data<float>(), nullptr, alloc_);
+  }
+  {
+    GemmDesc d{.M = OC, .N = IC, .K = N, .trans_a = true, .ab_type = w.dtype(), .accumulate = true};
+    auto c = gemm_cost(d);
+    Span span(tracer_, "gemm_bwd_weight", Category::Gemm, c.flops, c.bytes);
+    gemm(d, g, x.raw(), dw.data<float>(), nullptr, alloc_);
+  }
+  if (db) {
+    auto c = bias_backward_cost(N, OC);
+    Span span(tracer_, "bias_bwd", Category::Kernel, c.flops, c.bytes);
+    bias_backward(db->data<float>(), dy.data<float>(), N, OC);
+  }
+}
+
+void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) {
+  expect(tokens.dtype() == DType::I32 && tokens.shape().rank() == 2, "embedding: tokens must be I32 [B, T], got " +
+                                                                         sh(tokens));
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = wte.dim(1);
+  expect(out.numel() == B * T * C, "embedding: out " + sh(out) + " must hold B*T*C values");
+  expect(!wpe || wpe->dim(0) >= T, "embedding: sequence length exceeds the position table");
+  auto c = embedding_cost(B * T, C);
+  Span span(tracer_, "embedding_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::embedding_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
+                             wpe ? wpe->data<float>() : nullptr, B, T, C);
+}
+
+void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens) {
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = dwte.dim(1);
+  auto c = embedding_cost(B * T, C);
+  Span span(tracer_, "embedding_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::embedding_backward(dwte.data<float>(), dwpe ? dwpe->data<float>() : nullptr, dout.data<float>(),
+                              tokens.data<int32_t>(), B, T, C);
+}
+
+void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                   const Tensor& w, const Tensor& b, float eps) {
+  const int64_t N = rows(x), C = cols(x);
+  expect(out.numel() == N * C && mean.numel() == N && rstd.numel() == N && w.numel() == C && b.numel() == C,
+         "layernorm: shapes do not fit x " + sh(x));
+  auto c = layernorm_cost(N, C, false);
+  Span span(tracer_, "layernorm_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(),
+                             w.data<float>(), b.data<float>(), N, C, eps);
+}
+
+void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  const int64_t N = rows(x), C = cols(x);
+  auto c = layernorm_cost(N, C, true);
+  Span span(tracer_, "layernorm_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::layernorm_backward(dx.data<float>(), dw.data<float>(), db.data<float>(), dout.data<float>(),
+                              x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), N, C);
+}
+
+void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps) {
+  const int64_t N = rows(x), C = cols(x);
+  expect(out.numel() == N * C && rstd.numel() == N && w.numel() == C, "rmsnorm: shapes do not fit x " + sh(x));
+  auto c = rmsnorm_cost(N, C, false);
+  Span span(tracer_, "rmsnorm_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), x.data<float>(), w.data<float>(), N, C, eps);
+}
+
+void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                                  const Tensor& w, const Tensor& rstd) {
+  const int64_t N = rows(x), C = cols(x);
+  auto c = rmsnorm_cost(N, C, true);
+  Span span(tracer_, "rmsnorm_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::rmsnorm_backward(dx.data<float>(), dw.data<float>(), dout.data<float>(), x.data<float>(),
+                            w.data<float>(), rstd.data<float>(), N, C);
+}
+
+void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
+  auto c = gelu_cost(x.numel(), false);
+  Span span(tracer_, "gelu_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
+}
+
+void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) {
+  auto c = gelu_cost(x.numel(), true);
+  Span span(tracer_, "gelu_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::gelu_backward(dx.data<float>(), x.data<float>(), dout.data<float>(), x.numel());
+}
+
+void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  const int64_t N = rows(gate_up), F = cols(gate_up) / 2;
+  expect(out.numel() == N * F, "swiglu: out " + sh(out) + " must be half the width of gate_up " + sh(gate_up));
+  auto c = swiglu_cost(N, F, false);
+  Span span(tracer_, "swiglu_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::swiglu_forward(out.data<float>(), gate_up.data<float>(), N, F);
+}
+
+void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) {
+  const int64_t N = rows(gate_up), F = cols(gate_up) / 2;
+  auto c = swiglu_cost(N, F, true);
+  Span span(tracer_, "swiglu_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::swiglu_backward(dgate_up.data<float>(), gate_up.data<float>(), dout.data<float>(), N, F);
+}
+
+void CpuBackend::rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const AttentionShape& s) {
+  auto c = rope_cost(s.B, s.T, s.H, s.KVH, s.D);
+  Span span(tracer_, "rope_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::rope_forward(qkv.data<float>(), cos.data<float>(), sin.data<float>(), s.B, s.T, s.H, s.KVH, s.D);
+}
+
+void CpuBackend::rope_backward(const Tensor& dqkv, const Tensor& cos, const Tensor& sin, const AttentionShape& s) {
+  auto c = rope_cost(s.B, s.T, s.H, s.KVH, s.D);
+  Span span(tracer_, "rope_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::rope_backward(dqkv.data<float>(), cos.data<float>(), sin.data<float>(), s.B, s.T, s.H, s.KVH, s.D);
+}
+
+void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+  expect(qkv.numel() == s.B * s.T * (s.H + 2 * s.KVH) * s.D && out.numel() == s.B * s.T * s.H * s.D &&
+             lse.numel() == s.B * s.H * s.T,
+         "attention: qkv " + sh(qkv) + " / out " + sh(out) + " do not match the attention shape");
+  auto c = attention_cost(s, false);
+  Span span(tracer_, "attention_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::attention_forward(out.data<float>(), lse.data<float>(), qkv.data<float>(), s, alloc_);
+}
+
+void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                                    const Tensor& qkv, const AttentionShape& s) {
+  auto c = attention_cost(s, true);
+  Span span(tracer_, "attention_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::attention_backward(dqkv.data<float>(), dout.data<float>(), out.data<float>(), lse.data<float>(),
+                              qkv.data<float>(), s, alloc_);
+}
+
+void CpuBackend::softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                       float grad_scale) {
+  const int64_t N = rows(logits), V = cols(logits);
+  expect(losses.numel() == N && targets.numel() == N && targets.dtype() == DType::I32,
+         "softmax_cross_entropy: logits " + sh(logits) + ", targets " + sh(targets) + ", losses " + sh(losses));
+  auto c = softmax_cross_entropy_cost(N, V);
+  Span span(tracer_, "softmax_xent", Category::Kernel, c.flops, c.bytes);
+  kernels::softmax_cross_entropy(losses.data<float>(), logits.data<float>(), targets.data<int32_t>(), N, V,
+                                 grad_scale);
+}
+
+void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets) {
+  const int64_t N = rows(logits), V = cols(logits);
+  auto c = softmax_cross_entropy_cost(N, V);
+  Span span(tracer_, "xent_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::cross_entropy_forward(losses.data<float>(), logits.data<float>(), targets.data<int32_t>(), N, V);
+}
+
+void CpuBackend::cast(const Tensor& out, const Tensor& in) {
+  expect(out.numel() == in.numel(), "cast: " + sh(in) + " to " + sh(out) + " changes the element count");
+  auto c = cast_cost(in.numel());
+  Span span(tracer_, "cast", Category::Kernel, c.flops, c.bytes);
+  if (in.dtype() == DType::F32 && out.dtype() == DType::BF16)
+    cast_f32_to_bf16(out.data<bf16>(), in.data<float>(), in.numel());
+  else if (in.dtype() == DType::BF16 && out.dtype() == DType::F32)
+    cast_bf16_to_f32(out.data<float>(), in.data<bf16>(), in.numel());
+  else if (in.dtype() == out.dtype())
+    out.copy_from(in);
+  else
+    throw UnsupportedError("cast from " + sh(in) + " to " + sh(out) + " is not supported");
+}
+
+void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  expect(out.numel() == a.numel() && a.numel() == b.numel(), "add: " + sh(a) + " + " + sh(b) + " -> " + sh(out));
+  Span span(tracer_, "residual_add", Category::Kernel, static_cast<double>(a.numel()), 12.0 * a.numel());
+  kernels::add(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+}
+
+}  // namespace loom::kernels

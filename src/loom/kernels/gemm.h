@@ -1,0 +1,45 @@
+// GEMM through oneDNN's matmul: C[M,N] (+)= op(A)[M,K] . op(B)[K,N] (+ bias[N]), f32 or
+// bf16-in / f32-accumulate. A shape is described once and its primitive created once (a cache keyed
+// by the description); oneDNN chooses AMX / AVX-512 / AVX2 code at run time.
+//
+// Where the CPU has no bf16 instructions, oneDNN 2.6 refuses bf16 matmuls; Loom then widens the
+// bf16 operands to f32 and runs an f32 GEMM -- the same numbers (bf16-rounded inputs, f32
+// accumulation), only slower -- and says so once at start-up (gemm_bf16_mode()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loom/core/allocator.h"
+#include "loom/core/dtype.h"
+#include "loom/kernels/kernel_cost.h"
+
+namespace loom::kernels {
+
+struct GemmDesc {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false;      // A is stored [K, M] row-major
+  bool trans_b = false;      // B is stored [N, K] row-major (a torch.nn.Linear weight for x . W^T)
+  DType ab_type = DType::F32;  // F32 or BF16 for both A and B; C is always F32
+  bool accumulate = false;   // C += result (gradient accumulation) instead of C = result
+  bool bias = false;         // add bias[N] (F32) to each row
+
+  bool operator==(const GemmDesc&) const = default;
+  std::string str() const;
+};
+
+// Runs the GEMM. `workspace` is used only by the bf16 fallback (widened operands).
+void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias, Allocator& workspace);
+KernelCost gemm_cost(const GemmDesc& d);
+
+enum class Bf16GemmMode { Native, WidenToF32 };
+// Whether oneDNN runs bf16 matmuls on this CPU (probed once by creating a bf16 primitive).
+Bf16GemmMode gemm_bf16_mode();
+// oneDNN's name for the implementation it picks for a representative f32 or bf16 matmul,
+// e.g. "brg:avx512_core_amx" -- reported at start-up.
+std::string gemm_impl_name(DType ab_type);
+
+// Plain triple loop in f32 (reads bf16 operands when ab_type is BF16): the oracle for tests.
+void gemm_reference(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias);
+
+}  // namespace loom::kernels

@@ -1,0 +1,40 @@
+// Per-micro-batch activation context: everything a forward pass saves for its backward pass, plus
+// the backward pass's scratch. One context per micro-batch in flight (a pipeline schedule keeps
+// several; plain gradient accumulation reuses one). All tensors are accounted as Activations.
+#pragma once
+
+#include <vector>
+
+#include "loom/core/tensor.h"
+
+namespace loom::model {
+
+// What one transformer block saves. Names follow the block's data flow:
+// x_in -> norm1 -> qkv -> attention -> att -> out-proj (+x_in) -> x_mid -> norm2 -> h_pre -> act -> h_act
+// -> down-proj (+x_mid) -> x_out. `*_lp` are bf16 copies used as GEMM inputs in bf16 mode (else
+// they alias the f32 tensor).
+struct BlockActivations {
+  Tensor n1_mean, n1_rstd, n1_out, n1_lp;
+  Tensor qkv;       // [N, (H + 2 KVH) * D], rotary already applied to q and k
+  Tensor lse;       // [B, H, T]
+  Tensor att, att_lp;  // [N, H * D]
+  Tensor x_mid;     // [N, C]
+  Tensor n2_mean, n2_rstd, n2_out, n2_lp;
+  Tensor h_pre;     // [N, F] (GPT-2) or [N, 2F] gate|up (Llama)
+  Tensor h_act, h_act_lp;  // [N, F]
+};
+
+struct ActivationContext {
+  int64_t B = 0, T = 0;
+  Tensor tokens, targets;                // I32 [B, T]
+  std::vector<Tensor> residual;          // L + 1 tensors [N, C]: input of each block, then the last output
+  std::vector<BlockActivations> blocks;  // L
+  Tensor nf_mean, nf_rstd, nf_out, nf_lp;  // final norm
+  Tensor logits;                         // [N, V]; holds dlogits after a training forward
+  Tensor losses;                         // [N]
+  // Backward scratch, shared by all blocks.
+  Tensor d_res, d_norm, d_att, d_qkv, d_h_act, d_h_pre;
+  int64_t valid_targets = 0;             // targets >= 0 in this micro-batch
+};
+
+}  // namespace loom::model

@@ -1,0 +1,212 @@
+#include "loom/model/transformer.h"
+
+#include <cmath>
+
+#include "loom/error.h"
+#include "loom/kernels/elementwise.h"
+
+namespace loom::model {
+
+using spec::Arch;
+
+Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend)
+    : cfg_(std::move(cfg)),
+      params_(params),
+      backend_(backend),
+      llama_(cfg_.arch == Arch::Llama),
+      lowp_(params.precision() == Precision::BF16) {
+  cfg_.validate();
+  auto& P = params_;
+  auto linear = [&](const std::string& w, const std::string& b) {
+    LinearViews v{P.compute(w), P.grad(w), {}, {}};
+    if (!b.empty()) v.b = P.param(b), v.db = P.grad(b);
+    return v;
+  };
+  auto fused = [&](const std::string& first, const std::string& last) {
+    return LinearViews{P.compute_rows(first, last), P.grad_rows(first, last), {}, {}};
+  };
+  auto norm = [&](const std::string& prefix) {
+    NormViews n{P.param(prefix + ".weight"), P.grad(prefix + ".weight"), {}, {}};
+    if (!llama_) n.b = P.param(prefix + ".bias"), n.db = P.grad(prefix + ".bias");
+    return n;
+  };
+  if (llama_) {
+    wte_ = P.param("model.embed_tokens.weight"), dwte_ = P.grad("model.embed_tokens.weight");
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      std::string p = "model.layers." + std::to_string(l) + ".";
+      blocks_.push_back({norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
+                         fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight"),
+                         linear(p + "self_attn.o_proj.weight", ""),
+                         fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                         linear(p + "mlp.down_proj.weight", "")});
+    }
+    norm_f_ = norm("model.norm");
+    head_ = cfg_.tie_embeddings ? linear("model.embed_tokens.weight", "") : linear("lm_head.weight", "");
+    const int64_t D = cfg_.head_dim();
+    Allocator& alloc = backend_.allocator();
+    rope_cos_ = Tensor::empty({cfg_.max_seq, D / 2}, DType::F32, alloc, MemCategory::Activations);
+    rope_sin_ = Tensor::empty({cfg_.max_seq, D / 2}, DType::F32, alloc, MemCategory::Activations);
+    kernels::rope_tables(rope_cos_.data<float>(), rope_sin_.data<float>(), cfg_.max_seq, D, cfg_.rope_theta);
+  } else {
+    wte_ = P.param("transformer.wte.weight"), dwte_ = P.grad("transformer.wte.weight");
+    wpe_ = P.param("transformer.wpe.weight"), dwpe_ = P.grad("transformer.wpe.weight");
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      std::string p = "transformer.h." + std::to_string(l) + ".";
+      blocks_.push_back({norm(p + "ln_1"), norm(p + "ln_2"), linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias"),
+                         linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias"),
+                         linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"),
+                         linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")});
+    }
+    norm_f_ = norm("transformer.ln_f");
+    head_ = cfg_.tie_embeddings ? linear("transformer.wte.weight", "") : linear("lm_head.weight", "");
+  }
+}
+
+kernels::AttentionShape Transformer::attention_shape(int64_t B, int64_t T) const {
+  return {B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim(), 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim()))};
+}
+
+ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
+  if (B <= 0 || T <= 0 || T > cfg_.max_seq)
+    throw ConfigError("micro-batch [" + std::to_string(B) + ", " + std::to_string(T) +
+                      "] is invalid: need B > 0 and 0 < T <= model.max_seq = " + std::to_string(cfg_.max_seq));
+  Allocator& alloc = backend_.allocator();
+  const auto act = MemCategory::Activations;
+  const int64_t N = B * T, C = cfg_.d_model, D = cfg_.head_dim(), H = cfg_.n_heads, KV = cfg_.n_kv_heads;
+  const int64_t F = cfg_.d_ff, QKV = (H + 2 * KV) * D, HPRE = llama_ ? 2 * F : F;
+  auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, act); };
+  // In bf16 mode GEMM inputs get their own bf16 copy; in fp32 mode the copy is the tensor itself.
+  auto lp = [&](const Tensor& t) { return lowp_ ? Tensor::empty(t.shape(), DType::BF16, alloc, act) : t; };
+  ActivationContext c;
+  c.B = B, c.T = T;
+  c.tokens = Tensor::empty({B, T}, DType::I32, alloc, act);
+  c.targets = Tensor::empty({B, T}, DType::I32, alloc, act);
+  for (int64_t l = 0; l <= cfg_.n_layers; ++l) c.residual.push_back(f32({N, C}));
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    BlockActivations a;
+    a.n1_mean = f32({N}), a.n1_rstd = f32({N}), a.n1_out = f32({N, C}), a.n1_lp = lp(a.n1_out);
+    a.qkv = f32({N, QKV}), a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
+    a.x_mid = f32({N, C});
+    a.n2_mean = f32({N}), a.n2_rstd = f32({N}), a.n2_out = f32({N, C}), a.n2_lp = lp(a.n2_out);
+    a.h_pre = f32({N, HPRE}), a.h_act = f32({N, F}), a.h_act_lp = lp(a.h_act);
+    c.blocks.push_back(std::move(a));
+  }
+  c.nf_mean = f32({N}), c.nf_rstd = f32({N}), c.nf_out = f32({N, C}), c.nf_lp = lp(c.nf_out);
+  c.logits = f32({N, cfg_.vocab_size});
+  c.losses = f32({N});
+  c.d_res = f32({N, C}), c.d_norm = f32({N, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
+  c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
+  return c;
+}
+
+void Transformer::to_gemm_input(const Tensor& lp, const Tensor& f32) {
+  if (lowp_) backend_.cast(lp, f32);
+}
+
+void Transformer::norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& x) {
+  if (llama_)
+    backend_.rmsnorm_forward(out, rstd, x, n.w, cfg_.norm_eps);
+  else
+    backend_.layernorm_forward(out, mean, rstd, x, n.w, n.b, cfg_.norm_eps);
+}
+
+void Transformer::norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                                const Tensor& mean, const Tensor& rstd) {
+  if (llama_)
+    backend_.rmsnorm_backward(dx, n.dw, dout, x, n.w, rstd);
+  else
+    backend_.layernorm_backward(dx, n.dw, n.db, dout, x, n.w, mean, rstd);
+}
+
+void Transformer::block_forward(const Block& blk, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
+                                const kernels::AttentionShape& s) {
+  auto& be = backend_;
+  auto bias = [](const LinearViews& v) { return v.has_bias() ? &v.b : nullptr; };
+  // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in))))
+  norm_forward(blk.norm1, a.n1_out, a.n1_mean, a.n1_rstd, x_in);
+  to_gemm_input(a.n1_lp, a.n1_out);
+  be.linear_forward(a.qkv, a.n1_lp, blk.qkv.w, bias(blk.qkv), false);
+  if (llama_) be.rope_forward(a.qkv, rope_cos_, rope_sin_, s);
+  be.attention_forward(a.att, a.lse, a.qkv, s);
+  to_gemm_input(a.att_lp, a.att);
+  a.x_mid.copy_from(x_in);
+  be.linear_forward(a.x_mid, a.att_lp, blk.out.w, bias(blk.out), true);
+  // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid))))
+  norm_forward(blk.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
+  to_gemm_input(a.n2_lp, a.n2_out);
+  be.linear_forward(a.h_pre, a.n2_lp, blk.up.w, bias(blk.up), false);
+  if (llama_)
+    be.swiglu_forward(a.h_act, a.h_pre);
+  else
+    be.gelu_forward(a.h_act, a.h_pre);
+  to_gemm_input(a.h_act_lp, a.h_act);
+  x_out.copy_from(a.x_mid);
+  be.linear_forward(x_out, a.h_act_lp, blk.down.w, bias(blk.down), true);
+}
+
+void Transformer::block_backward(const Block& blk, BlockActivations& a, ActivationContext& c, const Tensor& x_in,
+                                 const kernels::AttentionShape& s) {
+  auto& be = backend_;
+  auto dbias = [](const LinearViews& v) { return v.has_bias() ? &v.db : nullptr; };
+  // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
+  be.linear_backward(&c.d_h_act, false, blk.down.dw, dbias(blk.down), c.d_res, a.h_act_lp, blk.down.w);
+  if (llama_)
+    be.swiglu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
+  else
+    be.gelu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
+  be.linear_backward(&c.d_norm, false, blk.up.dw, dbias(blk.up), c.d_h_pre, a.n2_lp, blk.up.w);
+  norm_backward(blk.norm2, c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
+
+  be.linear_backward(&c.d_att, false, blk.out.dw, dbias(blk.out), c.d_res, a.att_lp, blk.out.w);
+  be.attention_backward(c.d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
+  if (llama_) be.rope_backward(c.d_qkv, rope_cos_, rope_sin_, s);
+  be.linear_backward(&c.d_norm, false, blk.qkv.dw, dbias(blk.qkv), c.d_qkv, a.n1_lp, blk.qkv.w);
+  norm_backward(blk.norm1, c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
+}
+
+double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Tensor& targets, float grad_scale) {
+  if (tokens.shape() != Shape({c.B, c.T}) || targets.shape() != tokens.shape() || tokens.dtype() != DType::I32 ||
+      targets.dtype() != DType::I32)
+    throw ShapeError("forward: tokens " + tokens.shape().str() + " and targets " + targets.shape().str() +
+                     " must both be I32 [" + std::to_string(c.B) + ", " + std::to_string(c.T) + "]");
+  c.tokens.copy_from(tokens);
+  c.targets.copy_from(targets);
+  const int32_t* tk = c.tokens.data<int32_t>();
+  const int32_t* tg = c.targets.data<int32_t>();
+  c.valid_targets = 0;
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    if (tk[i] < 0 || tk[i] >= cfg_.vocab_size || tg[i] >= cfg_.vocab_size)
+      throw ConfigError("token id " + std::to_string(tk[i] < 0 || tk[i] >= cfg_.vocab_size ? tk[i] : tg[i]) +
+                        " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
+                        std::to_string(cfg_.vocab_size) + "): the data does not match model.vocab_size");
+    c.valid_targets += tg[i] >= 0;
+  }
+  const auto s = attention_shape(c.B, c.T);
+  backend_.embedding_forward(c.residual[0], c.tokens, wte_, llama_ ? nullptr : &wpe_);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    block_forward(blocks_[l], c.blocks[l], c.residual[l], c.residual[l + 1], s);
+  norm_forward(norm_f_, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[cfg_.n_layers]);
+  to_gemm_input(c.nf_lp, c.nf_out);
+  backend_.linear_forward(c.logits, c.nf_lp, head_.w, nullptr, false);
+  if (grad_scale > 0)
+    backend_.softmax_cross_entropy(c.losses, c.logits, c.targets, grad_scale);
+  else
+    backend_.cross_entropy_forward(c.losses, c.logits, c.targets);
+  double sum = 0;
+  const float* losses = c.losses.data<float>();
+  for (int64_t i = 0; i < c.losses.numel(); ++i) sum += losses[i];
+  return c.valid_targets > 0 ? sum / static_cast<double>(c.valid_targets) : 0.0;
+}
+
+void Transformer::backward(ActivationContext& c) {
+  const auto s = attention_shape(c.B, c.T);
+  // LM head: logits hold dlogits after the fused softmax-cross-entropy.
+  backend_.linear_backward(&c.d_norm, false, head_.dw, nullptr, c.logits, c.nf_lp, head_.w);
+  c.d_res.fill_zero();
+  norm_backward(norm_f_, c.d_res, c.d_norm, c.residual[cfg_.n_layers], c.nf_mean, c.nf_rstd);
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) block_backward(blocks_[l], c.blocks[l], c, c.residual[l], s);
+  backend_.embedding_backward(dwte_, llama_ ? nullptr : &dwpe_, c.d_res, c.tokens);
+}
+
+}  // namespace loom::model

@@ -1,0 +1,67 @@
+// The decoder-only transformer (GPT-2 or Llama style, from the spec's config) with explicit
+// forward and backward passes over a per-micro-batch ActivationContext. The model knows nothing of
+// parallelism; it reads weights by name from the ParameterStore and runs every op on a Backend.
+#pragma once
+
+#include <vector>
+
+#include "loom/kernels/backend.h"
+#include "loom/model/activations.h"
+#include "loom/model/parameter_store.h"
+#include "loom/spec/transformer_config.h"
+
+namespace loom::model {
+
+// A linear layer's views: weight as GEMMs read it, master f32 grad; bias optional (GPT-2 only).
+struct LinearViews {
+  Tensor w, dw, b, db;
+  bool has_bias() const { return b.numel() > 0; }
+};
+struct NormViews {
+  Tensor w, dw, b, db;  // b/db empty for RMSNorm
+};
+
+class Transformer {
+ public:
+  Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend);
+
+  const spec::TransformerConfig& config() const { return cfg_; }
+  // Allocates a context for micro-batches of shape [B, T] (T <= max_seq).
+  ActivationContext make_context(int64_t B, int64_t T) const;
+
+  // Forward over tokens/targets (I32 [B, T], copied into the context; targets < 0 are ignored).
+  // Returns the mean loss over valid targets. With grad_scale > 0 the context keeps
+  // dlogits = d(loss_sum * grad_scale)/dlogits for backward(); grad_scale = 0 is evaluation only.
+  double forward(ActivationContext& ctx, const Tensor& tokens, const Tensor& targets, float grad_scale);
+  // Accumulates parameter gradients (+=) into the ParameterStore's gradient arena.
+  void backward(ActivationContext& ctx);
+
+ private:
+  struct Block {
+    NormViews norm1, norm2;
+    LinearViews qkv, out, up, down;
+  };
+  void block_forward(const Block& blk, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
+                     const kernels::AttentionShape& s);
+  void block_backward(const Block& blk, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
+                      const kernels::AttentionShape& s);
+  void norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x);
+  void norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x, const Tensor& mean,
+                     const Tensor& rstd);
+  // In bf16 mode writes the bf16 copy GEMMs read.
+  void to_gemm_input(const Tensor& lp, const Tensor& f32);
+  kernels::AttentionShape attention_shape(int64_t B, int64_t T) const;
+
+  spec::TransformerConfig cfg_;
+  ParameterStore& params_;
+  kernels::Backend& backend_;
+  bool llama_;
+  bool lowp_;
+  Tensor wte_, dwte_, wpe_, dwpe_;
+  LinearViews head_;
+  NormViews norm_f_;
+  std::vector<Block> blocks_;
+  Tensor rope_cos_, rope_sin_;  // [max_seq, D/2]
+};
+
+}  // namespace loom::model

@@ -1,0 +1,117 @@
+#include "loom/profile/tracer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "loom/error.h"
+
+namespace loom::profile {
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::Gemm: return "gemm";
+    case Category::Kernel: return "kernel";
+    case Category::Communication: return "comm";
+    case Category::Host: return "host";
+    case Category::Step: return "step";
+  }
+  return "?";
+}
+
+int64_t Tracer::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Tracer::record(const char* name, Category category, int64_t start_ns, int64_t end_ns, double flops,
+                    double bytes) {
+  if (mode_ == Mode::Off) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& s = stats_[name];
+  s.category = category;
+  s.calls += 1;
+  s.seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
+  s.flops += flops;
+  s.bytes += bytes;
+  if (mode_ == Mode::Full) {
+    if (events_.size() < kMaxEvents)
+      events_.push_back({name, category, start_ns, end_ns - start_ns, flops, bytes, rank_});
+    else
+      ++dropped_;
+  }
+}
+
+std::map<std::string, SpanStats> Tracer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Tracer::reset_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.clear();
+}
+
+size_t Tracer::event_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.size();
+}
+
+void Tracer::write_chrome_trace(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "w"), &std::fclose);
+  if (!f) throw IoError("cannot write trace file '" + path + "': check the directory exists and is writable");
+  int64_t t0 = events_.empty() ? 0 : events_.front().start_ns;
+  for (auto& e : events_) t0 = std::min(t0, e.start_ns);
+  fmt::print(f.get(), "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"dropped_events\":{}}},\"traceEvents\":[\n", dropped_);
+  fmt::print(f.get(), "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {}\"}}}}", rank_,
+             rank_);
+  for (auto& e : events_) {
+    // Steps, GEMMs and other kernels on separate tracks keeps nesting readable in Perfetto.
+    int tid = e.category == Category::Step ? 0 : (e.category == Category::Communication ? 2 : 1);
+    fmt::print(f.get(),
+               ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{},"
+               "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}}}}}",
+               e.name, category_name(e.category), static_cast<double>(e.start_ns - t0) * 1e-3,
+               static_cast<double>(e.duration_ns) * 1e-3, e.rank, tid, e.flops, e.bytes);
+  }
+  fmt::print(f.get(), "\n]}}\n");
+  if (std::ferror(f.get())) throw IoError("error writing trace file '" + path + "' (disk full?)");
+}
+
+TimeBreakdown breakdown(const Tracer& tracer, double wall_seconds) {
+  TimeBreakdown b;
+  b.wall_seconds = wall_seconds;
+  for (auto& [name, s] : tracer.stats()) {
+    if (s.category == Category::Step || s.category == Category::Host) continue;
+    if (s.category == Category::Gemm) b.gemm_seconds += s.seconds;
+    if (s.category == Category::Kernel) b.kernel_seconds += s.seconds;
+    if (s.category == Category::Communication) b.comm_seconds += s.seconds;
+    b.rows.emplace_back(name, s);
+  }
+  b.host_seconds = std::max(0.0, wall_seconds - b.gemm_seconds - b.kernel_seconds - b.comm_seconds);
+  std::sort(b.rows.begin(), b.rows.end(), [](auto& x, auto& y) { return x.second.seconds > y.second.seconds; });
+  return b;
+}
+
+std::string format_breakdown(const TimeBreakdown& b, int max_rows) {
+  auto pct = [&](double s) { return b.wall_seconds > 0 ? 100.0 * s / b.wall_seconds : 0.0; };
+  std::string out = fmt::format("{:<28} {:>8} {:>10} {:>7} {:>10} {:>9}\n", "span", "calls", "time ms", "share",
+                                "GFLOP/s", "GB/s");
+  int n = 0;
+  for (auto& [name, s] : b.rows) {
+    if (n++ >= max_rows) break;
+    out += fmt::format("{:<28} {:>8} {:>10.1f} {:>6.1f}% {:>10.1f} {:>9.1f}\n", name, s.calls, s.seconds * 1e3,
+                       pct(s.seconds), s.seconds > 0 ? s.flops / s.seconds * 1e-9 : 0.0,
+                       s.seconds > 0 ? s.bytes / s.seconds * 1e-9 : 0.0);
+  }
+  out += fmt::format("split: gemm {:.1f}%  other kernels {:.1f}%  communication {:.1f}%  host {:.1f}%  (wall {:.2f} s)",
+                     pct(b.gemm_seconds), pct(b.kernel_seconds), pct(b.comm_seconds), pct(b.host_seconds),
+                     b.wall_seconds);
+  return out;
+}
+
+}  // namespace loom::profile

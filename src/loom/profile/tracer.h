@@ -1,0 +1,97 @@
+// Tracer: timed spans with a category, FLOPs and bytes, aggregated per name and (optionally) kept as
+// events for a Chrome/Perfetto trace. Usable from every layer; passed explicitly, never global.
+// Off: a span is one branch and no clock read. Summary: two clock reads and a table update.
+// Full: Summary plus an event appended to a buffer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace loom::profile {
+
+enum class Category { Gemm, Kernel, Communication, Host, Step };
+const char* category_name(Category c);
+
+struct SpanStats {
+  Category category = Category::Kernel;
+  int64_t calls = 0;
+  double seconds = 0;
+  double flops = 0;
+  double bytes = 0;
+};
+
+struct Event {
+  std::string name;
+  Category category;
+  int64_t start_ns;
+  int64_t duration_ns;
+  double flops;
+  double bytes;
+  int rank;
+};
+
+class Tracer {
+ public:
+  enum class Mode { Off, Summary, Full };
+  explicit Tracer(Mode mode = Mode::Off, int rank = 0) : mode_(mode), rank_(rank) {}
+
+  Mode mode() const { return mode_; }
+  bool on() const { return mode_ != Mode::Off; }
+  static int64_t now_ns();
+
+  void record(const char* name, Category category, int64_t start_ns, int64_t end_ns, double flops, double bytes);
+
+  // Per-name totals since construction or the last reset (e.g. after warm-up steps).
+  std::map<std::string, SpanStats> stats() const;
+  void reset_stats();
+  size_t event_count() const;
+  // Chrome trace JSON ("traceEvents", complete events, microseconds): opens in Perfetto / chrome://tracing.
+  // Throws loom::IoError when the file cannot be written.
+  void write_chrome_trace(const std::string& path) const;
+
+ private:
+  static constexpr size_t kMaxEvents = 4'000'000;  // ~200 MB of JSON; later events are counted, not kept
+  Mode mode_;
+  int rank_;
+  mutable std::mutex mu_;
+  std::map<std::string, SpanStats> stats_;
+  std::vector<Event> events_;
+  int64_t dropped_ = 0;
+};
+
+// RAII span. `tracer` may be null.
+class Span {
+ public:
+  Span(Tracer* tracer, const char* name, Category category, double flops = 0, double bytes = 0)
+      : tracer_(tracer && tracer->on() ? tracer : nullptr), name_(name), category_(category), flops_(flops),
+        bytes_(bytes), start_(tracer_ ? Tracer::now_ns() : 0) {}
+  ~Span() {
+    if (tracer_) tracer_->record(name_, category_, start_, Tracer::now_ns(), flops_, bytes_);
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  Tracer* tracer_;
+  const char* name_;
+  Category category_;
+  double flops_, bytes_;
+  int64_t start_;
+};
+
+// Where a run's time went: per-kernel rows and the GEMM / other-kernel / host split of `wall_seconds`.
+struct TimeBreakdown {
+  double wall_seconds = 0;
+  double gemm_seconds = 0;
+  double kernel_seconds = 0;
+  double comm_seconds = 0;
+  double host_seconds = 0;  // wall minus everything traced
+  std::vector<std::pair<std::string, SpanStats>> rows;  // sorted by time, descending
+};
+TimeBreakdown breakdown(const Tracer& tracer, double wall_seconds);
+std::string format_breakdown(const TimeBreakdown& b, int max_rows = 16);
+
+}  // namespace loom::profile

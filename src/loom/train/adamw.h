@@ -1,0 +1,37 @@
+// AdamW on fp32 master weights with decoupled weight decay applied only to parameters the spec marks
+// for it (matrices). Moments live in two arenas laid out like the parameters. In bf16 mode the same
+// pass refreshes the bf16 compute copy of each updated weight.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/tensor.h"
+#include "loom/model/parameter_store.h"
+#include "loom/profile/tracer.h"
+
+namespace loom::train {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  AdamW(model::ParameterStore& params, AdamWConfig cfg, Allocator& alloc);
+  // One update with learning rate `lr`; gradients are multiplied by `grad_scale` (clipping) first.
+  void step(double lr, double grad_scale, profile::Tracer* tracer);
+  int64_t steps_taken() const { return step_; }
+  const Tensor& m() const { return m_; }
+  const Tensor& v() const { return v_; }
+
+ private:
+  model::ParameterStore& params_;
+  AdamWConfig cfg_;
+  Tensor m_, v_;
+  int64_t step_ = 0;
+};
+
+// Global L2 norm of all gradients (accumulated in double).
+double global_grad_norm(const model::ParameterStore& params);
+
+}  // namespace loom::train

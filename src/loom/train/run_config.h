@@ -1,0 +1,85 @@
+// The typed run configuration: one struct per TOML table, each field documented once in the field
+// registry (run_config.cpp), which drives parsing, `--set key=value` overrides, unknown-key errors
+// and `loom train --help`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/model/parameter_store.h"
+#include "loom/spec/transformer_config.h"
+
+namespace loom::train {
+
+struct ModelSection {
+  std::string preset = "mini";
+  spec::TransformerConfig resolved;  // the preset with every explicit [model] key applied
+};
+
+struct TrainSection {
+  uint64_t seed = 1234;
+  int64_t steps = 200;
+  int64_t batch_size = 8;         // global batch, in sequences
+  int64_t micro_batch_size = 0;   // 0: equal to batch_size (no accumulation)
+  int64_t seq_len = 0;            // 0: model.max_seq
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 20;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;         // max global gradient norm; 0 disables clipping
+  int64_t eval_every = 50;        // steps between validation losses; 0 disables
+  int64_t eval_batches = 4;
+  int64_t log_every = 1;
+  int threads = 0;                // 0: all cores (LOOM_THREADS overrides)
+  std::string out_dir = "runs/latest";
+};
+
+struct DataSection {
+  std::string source = "synthetic";
+};
+
+struct CheckpointSection {
+  std::string dir;
+  int64_t save_every = 0;
+};
+
+struct TraceSection {
+  std::string file;      // Chrome trace JSON; empty: no event trace
+  bool summary = true;   // print time per kernel at the end
+};
+
+struct ParallelSection {
+  int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int64_t zero = 0;
+};
+
+struct RunConfig {
+  ModelSection model;
+  TrainSection train;
+  model::Precision precision = model::Precision::FP32;
+  DataSection data;
+  CheckpointSection checkpoint;
+  TraceSection trace;
+  ParallelSection parallel;
+
+  int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.resolved.max_seq; }
+  int64_t micro_batch() const { return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size; }
+  // Throws ConfigError on values that cannot run (batch not divisible, parallel degrees not yet
+  // supported, ...), naming the keys and numbers.
+  void validate() const;
+  // The resolved configuration as TOML (written into the run manifest; loadable again).
+  std::string to_toml() const;
+};
+
+// Parses TOML text, then applies `key=value` overrides in order. `origin` names the text in errors.
+RunConfig parse_run_config(const std::string& toml_text, const std::string& origin,
+                           const std::vector<std::string>& overrides = {});
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Every key with its type, default and one line of documentation, for --help.
+std::string config_reference();
+
+}  // namespace loom::train

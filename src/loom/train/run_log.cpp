@@ -1,0 +1,60 @@
+#include "loom/train/run_log.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loom/error.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+void write_run_manifest(const std::string& out_dir, const RunConfig& cfg, const RunIdentity& id) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw IoError("cannot create train.out_dir '" + out_dir + "': " + ec.message());
+  nlohmann::json j;
+  j["loom_version"] = id.version;
+  j["commit"] = id.commit;
+  j["backend"] = id.backend;
+  j["threads"] = id.threads;
+  j["peak_flops"] = id.peak_flops;
+  j["peak_source"] = id.peak_source;
+  j["precision"] = model::precision_name(cfg.precision);
+  j["model_flops_per_token"] = spec::model_flops_per_token(cfg.model.resolved, cfg.seq_len());
+  j["started_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  j["config_toml"] = cfg.to_toml();
+  fs::path path = fs::path(out_dir) / "manifest.json", tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) throw IoError("cannot write '" + tmp.string() + "' (disk full or read-only?)");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
+}
+
+MetricsLog::MetricsLog(const std::string& out_dir) : path_((fs::path(out_dir) / "metrics.jsonl").string()) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  file_.reset(std::fopen(path_.c_str(), "w"));
+  if (!file_) throw IoError("cannot write metrics log '" + path_ + "': check train.out_dir is writable");
+}
+
+void MetricsLog::write(const StepMetrics& s) {
+  nlohmann::json j{{"step", s.step},           {"loss", s.loss},
+                   {"lr", s.lr},               {"grad_norm", s.grad_norm},
+                   {"step_s", s.step_seconds}, {"tokens_per_s", s.tokens_per_s},
+                   {"mfu", s.mfu},             {"tokens", s.tokens},
+                   {"elapsed_s", s.elapsed_seconds}};
+  if (s.val_loss) j["val_loss"] = *s.val_loss;
+  std::string line = j.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_.get());
+  std::fflush(file_.get());
+}
+
+}  // namespace loom::train

@@ -1,0 +1,36 @@
+// What a run leaves on disk: metrics.jsonl (one JSON object per step; schema in docs/metrics.md) and
+// manifest.json (version, commit, machine, threads, resolved config), both under train.out_dir.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "loom/train/run_config.h"
+#include "loom/train/trainer.h"
+
+namespace loom::train {
+
+struct RunIdentity {
+  std::string version, commit, backend;
+  int threads = 0;
+  double peak_flops = 0;
+  std::string peak_source;
+};
+
+// Creates out_dir and writes manifest.json (atomically: temp file + rename). Throws IoError.
+void write_run_manifest(const std::string& out_dir, const RunConfig& cfg, const RunIdentity& id);
+
+class MetricsLog {
+ public:
+  // Truncates out_dir/metrics.jsonl. Throws IoError naming the path.
+  explicit MetricsLog(const std::string& out_dir);
+  void write(const StepMetrics& s);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<FILE, int (*)(FILE*)> file_{nullptr, &std::fclose};
+};
+
+}  // namespace loom::train

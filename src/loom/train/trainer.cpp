@@ -1,0 +1,106 @@
+#include "loom/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "loom/error.h"
+#include "loom/kernels/elementwise.h"
+
+namespace loom::train {
+
+Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops)
+    : cfg_(cfg),
+      backend_(backend),
+      peak_flops_(peak_flops),
+      flops_per_token_(spec::model_flops_per_token(cfg.model.resolved, cfg.seq_len())),
+      schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
+      data_(cfg.train.seed, cfg.model.resolved.vocab_size, cfg.seq_len()) {
+  cfg_.validate();
+  Allocator& alloc = backend_.allocator();
+  params_ = std::make_unique<model::ParameterStore>(spec::build_param_table(cfg_.model.resolved), cfg_.precision, alloc);
+  params_->initialize(cfg_.train.seed);
+  model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_);
+  optimizer_ = std::make_unique<AdamW>(
+      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc);
+  ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
+  tokens_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
+  targets_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
+}
+
+StepMetrics Trainer::train_step(int64_t step) {
+  profile::Tracer* tracer = backend_.tracer();
+  profile::Span step_span(tracer, "step", profile::Category::Step);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t mb = cfg_.micro_batch(), T = cfg_.seq_len();
+  const int64_t n_micro = cfg_.train.batch_size / mb;
+  const int64_t first = (step - 1) * cfg_.train.batch_size;  // data order: a function of the global sample index
+  // Synthetic samples have no ignored targets, so every micro-batch holds mb * T of them; the loss
+  // is the mean over the whole global batch.
+  const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
+  params_->zero_grads();
+  double loss_sum = 0;
+  for (int64_t m = 0; m < n_micro; ++m) {
+    data_.fill(tokens_, targets_, first + m * mb);
+    double loss = model_->forward(ctx_, tokens_, targets_, grad_scale);
+    if (!std::isfinite(loss))
+      throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
+                         std::to_string(m) + "; lower train.lr or check the data");
+    loss_sum += loss;
+    model_->backward(ctx_);
+  }
+  const double norm = global_grad_norm(*params_);
+  if (!std::isfinite(norm)) check_finite_gradients(step);
+  const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
+  const double lr = schedule_.at(step);
+  optimizer_->step(lr, clip, tracer);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  StepMetrics s;
+  s.step = step;
+  s.total_steps = cfg_.train.steps;
+  s.loss = loss_sum / static_cast<double>(n_micro);
+  s.lr = lr;
+  s.grad_norm = norm;
+  s.step_seconds = seconds;
+  const int64_t step_tokens = cfg_.train.batch_size * T;
+  tokens_seen_ += step_tokens;
+  elapsed_ += seconds;
+  s.tokens = tokens_seen_;
+  s.elapsed_seconds = elapsed_;
+  s.tokens_per_s = static_cast<double>(step_tokens) / seconds;
+  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / peak_flops_ : 0.0;
+  return s;
+}
+
+void Trainer::check_finite_gradients(int64_t step) const {
+  for (const auto& p : params_->table().params()) {
+    Tensor g = params_->grad(p.name);
+    int64_t bad = kernels::find_non_finite(g.data<float>(), g.numel());
+    if (bad >= 0)
+      throw NumericError("step " + std::to_string(step) + ": gradient of '" + p.name + "' is non-finite (element " +
+                         std::to_string(bad) + " = " + std::to_string(g.data<float>()[bad]) +
+                         "); lower train.lr or set train.grad_clip");
+  }
+  throw NumericError("step " + std::to_string(step) + ": gradient norm is non-finite (overflow in the sum of squares)");
+}
+
+double Trainer::evaluate() {
+  profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
+  double sum = 0;
+  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+    data_.fill(tokens_, targets_, SyntheticData::kValidationOffset + i * cfg_.micro_batch());
+    sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
+  }
+  return sum / static_cast<double>(cfg_.train.eval_batches);
+}
+
+void Trainer::run(const std::function<void(const StepMetrics&)>& on_step) {
+  for (int64_t step = 1; step <= cfg_.train.steps; ++step) {
+    StepMetrics s = train_step(step);
+    const bool eval_now = cfg_.train.eval_every > 0 && (step % cfg_.train.eval_every == 0 || step == cfg_.train.steps);
+    if (eval_now) s.val_loss = evaluate();
+    if (on_step) on_step(s);
+  }
+}
+
+}  // namespace loom::train

@@ -1,0 +1,66 @@
+// The single-rank training loop: micro-batches with gradient accumulation, global-norm clipping,
+// AdamW on fp32 masters, warm-up + cosine LR, periodic validation, and a hard stop naming the step
+// and tensor when a loss or gradient goes non-finite. Reports each step through a callback; never
+// prints.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "loom/kernels/backend.h"
+#include "loom/model/transformer.h"
+#include "loom/train/adamw.h"
+#include "loom/train/lr_schedule.h"
+#include "loom/train/run_config.h"
+#include "loom/train/synthetic_data.h"
+
+namespace loom::train {
+
+struct StepMetrics {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0;
+  std::optional<double> val_loss;
+  double lr = 0, grad_norm = 0;
+  double step_seconds = 0, tokens_per_s = 0;
+  double mfu = 0;  // model FLOPs / s over the device peak; 0 when the peak is unknown
+  double elapsed_seconds = 0;
+  int64_t tokens = 0;  // tokens processed so far
+};
+
+class Trainer {
+ public:
+  // peak_flops: the device peak MFU is measured against (0: MFU not reported).
+  Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops);
+
+  // Runs one optimizer step (step counts from 1).
+  StepMetrics train_step(int64_t step);
+  // Mean loss over train.eval_batches validation micro-batches.
+  double evaluate();
+  // Runs train.steps steps, calling on_step after each.
+  void run(const std::function<void(const StepMetrics&)>& on_step);
+
+  model::ParameterStore& params() { return *params_; }
+  model::Transformer& model() { return *model_; }
+  const RunConfig& config() const { return cfg_; }
+  double model_flops_per_token() const { return flops_per_token_; }
+
+ private:
+  void check_finite_gradients(int64_t step) const;
+
+  RunConfig cfg_;
+  kernels::Backend& backend_;
+  double peak_flops_;
+  double flops_per_token_;
+  std::unique_ptr<model::ParameterStore> params_;
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrSchedule schedule_;
+  SyntheticData data_;
+  model::ActivationContext ctx_;
+  Tensor tokens_, targets_;
+  int64_t tokens_seen_ = 0;
+  double elapsed_ = 0;
+};
+
+}  // namespace loom::train
