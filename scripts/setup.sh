@@ -12,18 +12,18 @@ packages=(
   nlohmann-json3-dev               # JSON metrics, manifests, safetensors headers
   libfmt-dev                       # GCC 12's libstdc++ has no <format>
   python3-torch python3-numpy      # PyTorch parity references and benchmark baselines (/usr/bin/python3)
+  libopenblas0-pthread             # without it Debian's torch falls back to netlib BLAS (~2 GFLOP/s)
 )
 
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-
 if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 echo "setup: all ${#packages[@]} packages present"

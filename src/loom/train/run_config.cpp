@@ -267,18 +267,22 @@ void RunConfig::validate() const {
 }
 
 std::string RunConfig::to_toml() const {
-  std::string out, section;
+  // Top-level keys must come before the first [table] header.
+  std::string top, tables, section;
   for (auto& f : fields()) {
     auto dot = f.key.find('.');
-    std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
-    std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+    if (dot == std::string::npos) {
+      top += f.key + " = " + f.get(*this) + "\n";
+      continue;
+    }
+    std::string sec = f.key.substr(0, dot);
     if (sec != section) {
-      out += "\n[" + sec + "]\n";
+      tables += "\n[" + sec + "]\n";
       section = sec;
     }
-    out += name + " = " + f.get(*this) + "\n";
+    tables += f.key.substr(dot + 1) + " = " + f.get(*this) + "\n";
   }
-  return out;
+  return top + tables;
 }
 
 std::string config_reference() {

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine, builds Loom and trains the default model (the README's first command).
+# Extra arguments go to `loom train`, e.g. scripts/train.sh --set train.steps=50
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)" --target loom
+exec ./build/loom train --config configs/mini.toml "$@"

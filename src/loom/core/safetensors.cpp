@@ -1,0 +1,112 @@
+#include "loom/core/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loom/error.h"
+
+namespace loom {
+
+namespace {
+DType dtype_from_name(const std::string& s, const std::string& where) {
+  for (DType t : {DType::F32, DType::BF16, DType::I32, DType::I64, DType::F64})
+    if (dtype_name(t) == s) return t;
+  throw IoError(where + ": unsupported dtype '" + s + "' (Loom reads F32, BF16, I32, I64, F64)");
+}
+}  // namespace
+
+void write_safetensors(const std::string& path, std::vector<SafetensorsEntry> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::sort(tensors.begin(), tensors.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (auto& t : tensors) {
+    int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    if (static_cast<size_t>(n) * dtype_size(t.dtype) != t.nbytes)
+      throw ShapeError("safetensors: tensor '" + t.name + "' has " + std::to_string(t.nbytes) +
+                       " bytes, which does not match its shape and dtype");
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw IoError("cannot open '" + path + "' for writing");
+  uint64_t len = h.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
+  out.write(reinterpret_cast<const char*>(le), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (auto& t : tensors) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
+  out.flush();
+  if (!out) throw IoError("error writing '" + path + "' (disk full?)");
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError("cannot open '" + path + "'");
+  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (bytes_.size() < 8) throw IoError(path + ": not a safetensors file (shorter than its 8-byte header length)");
+  uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes_[i])) << (8 * i);
+  if (len > bytes_.size() - 8) throw IoError(path + ": header length " + std::to_string(len) + " exceeds the file size");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + static_cast<ptrdiff_t>(len));
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(path + ": malformed safetensors header: " + e.what());
+  }
+  if (!header.is_object()) throw IoError(path + ": safetensors header is not a JSON object");
+  const size_t data_start = 8 + len, data_size = bytes_.size() - data_start;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw IoError(path + ": __metadata__ is not an object");
+      for (auto& [k, mv] : v.items())
+        if (mv.is_string()) metadata_[k] = mv.get<std::string>();
+      continue;
+    }
+    std::string where = path + ": tensor '" + name + "'";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
+        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2)
+      throw IoError(where + " lacks dtype, shape or data_offsets");
+    SafetensorsEntry e;
+    e.name = name;
+    e.dtype = dtype_from_name(v["dtype"].get<std::string>(), where);
+    int64_t n = 1;
+    for (auto& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) throw IoError(where + " has an invalid shape");
+      e.shape.push_back(d.get<int64_t>());
+      n *= e.shape.back();
+    }
+    auto& off = v["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) throw IoError(where + " has invalid data_offsets");
+    uint64_t b = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (b > end || end > data_size)
+      throw IoError(where + " has data_offsets [" + std::to_string(b) + ", " + std::to_string(end) +
+                    ") beyond the data section of " + std::to_string(data_size) + " bytes (truncated file?)");
+    if (end - b != static_cast<uint64_t>(n) * dtype_size(e.dtype))
+      throw IoError(where + " holds " + std::to_string(end - b) + " bytes, but its shape and dtype need " +
+                    std::to_string(static_cast<uint64_t>(n) * dtype_size(e.dtype)));
+    e.data = bytes_.data() + data_start + b;
+    e.nbytes = end - b;
+    entries_.push_back(std::move(e));
+  }
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&](auto& e) { return e.name == name; });
+}
+
+const SafetensorsEntry& SafetensorsFile::at(const std::string& name) const {
+  for (auto& e : entries_)
+    if (e.name == name) return e;
+  throw IoError(path_ + ": no tensor named '" + name + "'");
+}
+
+}  // namespace loom

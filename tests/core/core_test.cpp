@@ -1,0 +1,87 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "loom/core/allocator.h"
+#include "loom/core/bf16.h"
+#include "loom/core/philox.h"
+#include "loom/core/tensor.h"
+#include "loom/error.h"
+
+using namespace loom;
+
+TEST(Philox, MatchesThePublishedKnownAnswer) {
+  // Random123's kat_vectors: philox4x32_10 with counter 0 and key 0.
+  auto r = Philox::block(0, 0, 0);
+  EXPECT_EQ(r[0], 0x6627e8d5u);
+  EXPECT_EQ(r[1], 0xe169c58du);
+  EXPECT_EQ(r[2], 0xbc57ac4cu);
+  EXPECT_EQ(r[3], 0x9b00dbd8u);
+}
+
+TEST(Philox, ValueIsAPureFunctionOfSeedStreamAndIndex) {
+  EXPECT_EQ(Philox::u32(7, 3, 1000), Philox::u32(7, 3, 1000));
+  EXPECT_NE(Philox::u32(7, 3, 1000), Philox::u32(7, 3, 1001));
+  EXPECT_NE(Philox::u32(7, 3, 1000), Philox::u32(8, 3, 1000));
+  EXPECT_NE(Philox::u32(7, 3, 1000), Philox::u32(7, 4, 1000));
+}
+
+TEST(Philox, NormalHasUnitVarianceAndZeroMean) {
+  double s = 0, s2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double x = Philox::normal(42, stream_of("w"), i);
+    s += x;
+    s2 += x * x;
+  }
+  EXPECT_NEAR(s / n, 0.0, 0.01);
+  EXPECT_NEAR(s2 / n, 1.0, 0.01);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is exactly half way between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);
+  // 1 + 3 * 2^-8 is half way between 1 + 2^-7 and 1 + 2^-6: ties go to even (1 + 2^-6).
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16(INFINITY))));
+}
+
+TEST(Bf16, StochasticRoundingIsUnbiased) {
+  const float x = 1.0f + std::ldexp(1.0f, -9);  // a quarter of the way from 1 to the next bf16
+  double mean = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) mean += bf16_to_f32(f32_to_bf16_stochastic(x, Philox::u32(1, 2, i) & 0xffff));
+  EXPECT_NEAR(mean / n, x, 2e-5);
+}
+
+TEST(Allocator, TracksLiveAndPeakBytesPerCategory) {
+  Allocator a;
+  {
+    Buffer p(a, 1000, MemCategory::Parameters);
+    Buffer w(a, 500, MemCategory::Workspace);
+    EXPECT_EQ(a.stats(MemCategory::Parameters).live, 1000u);
+    EXPECT_EQ(a.total().live, 1500u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % Allocator::kAlignment, 0u);
+  }
+  EXPECT_EQ(a.total().live, 0u);
+  EXPECT_EQ(a.total().peak, 1500u);
+  EXPECT_EQ(a.stats(MemCategory::Workspace).peak, 500u);
+  a.reset_peaks();
+  EXPECT_EQ(a.total().peak, 0u);
+}
+
+TEST(Tensor, ViewsShareStorageAndCheckBounds) {
+  Allocator a;
+  Tensor t = Tensor::zeros({4, 3}, DType::F32, a, MemCategory::Activations);
+  Tensor rows = t.slice(1, 3);
+  rows.data<float>()[0] = 5.0f;
+  EXPECT_EQ(t.data<float>()[3], 5.0f);
+  EXPECT_EQ(rows.shape(), Shape({2, 3}));
+  EXPECT_THROW(t.slice(2, 5), ShapeError);
+  EXPECT_THROW(t.reshape({5, 2}), ShapeError);
+  EXPECT_EQ(t.reshape({12}).numel(), 12);
+  EXPECT_EQ(a.stats(MemCategory::Activations).live, 48u);
+}
