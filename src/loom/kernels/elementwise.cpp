@@ -1,0 +1,227 @@
+// Fast embedding, bias gradient, reductions (sum of squares, non-finite search), casts and add.
+// The other element-wise families live in norms.cpp, activations.cpp, rope.cpp, loss.cpp and
+// optimizer_kernels.cpp; the plain references of all of them in elementwise_ref.cpp.
+#include <cstring>
+#include <vector>
+
+#include "loom/kernels/detail/elementwise_simd.h"
+#include "loom/kernels/elementwise.h"
+
+namespace loom::kernels {
+namespace {
+
+using detail::parallel_ranges;
+
+constexpr int64_t kSerialElements = 1 << 14;
+
+// ---- column-owned sums over rows ----
+// The embedding and bias gradients sum rows of dout into a few destination rows. Splitting the
+// columns (not the rows) between threads makes each thread the only writer of its columns, so no
+// partial buffers or atomics are needed, and every element is summed in row order exactly as the
+// reference does: the result is bitwise the reference's whatever the thread count.
+
+LOOM_TARGET_CLONES
+void embedding_backward_cols(float* __restrict dwte, float* __restrict dwpe, const float* __restrict dout,
+                             const int32_t* __restrict tokens, int64_t N, int64_t T, int64_t C, int64_t c0,
+                             int64_t c1) {
+  for (int64_t r = 0; r < N; ++r) {
+    const float* __restrict d = dout + r * C;
+    float* __restrict dw = dwte + static_cast<int64_t>(tokens[r]) * C;
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) dw[c] += d[c];
+    if (dwpe) {
+      float* __restrict dp = dwpe + (r % T) * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) dp[c] += d[c];
+    }
+  }
+}
+
+LOOM_TARGET_CLONES
+void bias_backward_cols(float* __restrict dbias, const float* __restrict dout, int64_t N, int64_t OC, int64_t c0,
+                        int64_t c1) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* __restrict d = dout + n * OC;
+#pragma omp simd
+    for (int64_t j = c0; j < c1; ++j) dbias[j] += d[j];
+  }
+}
+
+// Splits the C columns into cache-line-aligned blocks, one per thread, unless the whole job is small.
+template <class Body>
+void parallel_columns(int64_t N, int64_t C, Body&& body) {
+  if (N <= 0 || C <= 0) return;
+#pragma omp parallel if (N * C >= kSerialElements)
+  {
+    const detail::Range cols = detail::thread_range(C, omp_get_thread_num(), omp_get_num_threads(), 16);
+    if (cols.begin < cols.end) body(cols.begin, cols.end);
+  }
+}
+
+LOOM_TARGET_CLONES
+void embedding_forward_rows(float* __restrict out, const int32_t* __restrict tokens, const float* __restrict wte,
+                            const float* __restrict wpe, int64_t r0, int64_t r1, int64_t T, int64_t C) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* __restrict w = wte + static_cast<int64_t>(tokens[r]) * C;
+    float* __restrict o = out + r * C;
+    if (wpe) {
+      const float* __restrict p = wpe + (r % T) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+    } else {
+      std::memcpy(o, w, static_cast<size_t>(C) * sizeof(float));
+    }
+  }
+}
+
+// ---- reductions ----
+
+LOOM_TARGET_CLONES
+double sum_squares_range(const float* __restrict x, int64_t i0, int64_t i1) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+// First index in [i0, i1) whose exponent bits are all ones (Inf or NaN), or -1. Blocks are tested
+// with a vectorised OR first; only a block that contains one is scanned element by element.
+LOOM_TARGET_CLONES
+int64_t find_non_finite_range(const float* __restrict x, int64_t i0, int64_t i1) {
+  constexpr int64_t kBlock = 1024;
+  for (int64_t b = i0; b < i1; b += kBlock) {
+    const int64_t e = b + kBlock < i1 ? b + kBlock : i1;
+    uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t i = b; i < e; ++i) any |= ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u) ? 1u : 0u;
+    if (!any) continue;
+    for (int64_t i = b; i < e; ++i)
+      if ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u) return i;
+  }
+  return -1;
+}
+
+// ---- casts ----
+
+LOOM_TARGET_CLONES
+void cast_f32_to_bf16_range(bf16* __restrict out, const float* __restrict inp, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) out[i].bits = detail::f32_to_bf16_bits(inp[i]);
+}
+
+LOOM_TARGET_CLONES
+void cast_bf16_to_f32_range(float* __restrict out, const bf16* __restrict inp, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(inp[i].bits) << 16);
+}
+
+LOOM_TARGET_CLONES
+void round_to_bf16_range(float* __restrict x, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i)
+    x[i] = std::bit_cast<float>(static_cast<uint32_t>(detail::f32_to_bf16_bits(x[i])) << 16);
+}
+
+// No __restrict: the residual stream is updated in place (out == a). Each out[i] depends only on
+// a[i] and b[i], so the omp simd promise (no dependence across iterations) still holds.
+LOOM_TARGET_CLONES
+void add_range(float* out, const float* a, const float* b, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C) {
+  parallel_ranges(B * T, kSerialElements / (C > 0 ? C : 1) + 1, 1, [&](int64_t r0, int64_t r1, int, int) {
+    embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C);
+  });
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C) {
+  parallel_columns(B * T, C, [&](int64_t c0, int64_t c1) {
+    embedding_backward_cols(dwte, dwpe, dout, tokens, B * T, T, C, c0, c1);
+  });
+}
+
+KernelCost embedding_cost(int64_t N, int64_t C) {
+  // Forward with positions (GPT-2), the larger of the two layouts: read the token ids, N rows of wte
+  // and of wpe, write N rows; one add per element. The backward moves about the same: read N rows of
+  // dout, read and write N rows of dwte (and of dwpe).
+  const double nc = static_cast<double>(N) * static_cast<double>(C);
+  return {nc, 4.0 * (3.0 * nc + static_cast<double>(N))};
+}
+
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  parallel_columns(N, OC, [&](int64_t c0, int64_t c1) { bias_backward_cols(dbias, dout, N, OC, c0, c1); });
+}
+
+KernelCost bias_backward_cost(int64_t N, int64_t OC) {
+  // One add per element of dout; read dout, read and write dbias once.
+  const double e = static_cast<double>(N) * static_cast<double>(OC);
+  return {e, 4.0 * (e + 2.0 * static_cast<double>(OC))};
+}
+
+// Per-thread partial sums over static chunks, added in thread order: deterministic for a thread count.
+double sum_squares(const float* x, int64_t n) {
+  if (n <= 0) return 0.0;
+  std::vector<double> partial(static_cast<size_t>(omp_get_max_threads()), 0.0);
+  int used = 1;
+#pragma omp parallel if (n >= 4 * kSerialElements)
+  {
+    const int tid = omp_get_thread_num();
+    const int nth = omp_get_num_threads();
+    const detail::Range r = detail::thread_range(n, tid, nth, 16);
+    if (r.begin < r.end) partial[static_cast<size_t>(tid)] = sum_squares_range(x, r.begin, r.end);
+    if (tid == 0) used = nth;
+  }
+  double total = 0.0;
+  for (int t = 0; t < used; ++t) total += partial[static_cast<size_t>(t)];
+  return total;
+}
+
+int64_t find_non_finite(const float* x, int64_t n) {
+  if (n <= 0) return -1;
+  std::vector<int64_t> found(static_cast<size_t>(omp_get_max_threads()), -1);
+  int used = 1;
+#pragma omp parallel if (n >= 4 * kSerialElements)
+  {
+    const int tid = omp_get_thread_num();
+    const int nth = omp_get_num_threads();
+    const detail::Range r = detail::thread_range(n, tid, nth, 16);
+    if (r.begin < r.end) found[static_cast<size_t>(tid)] = find_non_finite_range(x, r.begin, r.end);
+    if (tid == 0) used = nth;
+  }
+  // Chunks are in index order, so the first thread that found one holds the lowest index.
+  for (int t = 0; t < used; ++t)
+    if (found[static_cast<size_t>(t)] >= 0) return found[static_cast<size_t>(t)];
+  return -1;
+}
+
+void cast_f32_to_bf16(bf16* out, const float* inp, int64_t n) {
+  parallel_ranges(n, kSerialElements, 32,
+                  [&](int64_t i0, int64_t i1, int, int) { cast_f32_to_bf16_range(out, inp, i0, i1); });
+}
+
+void cast_bf16_to_f32(float* out, const bf16* inp, int64_t n) {
+  parallel_ranges(n, kSerialElements, 32,
+                  [&](int64_t i0, int64_t i1, int, int) { cast_bf16_to_f32_range(out, inp, i0, i1); });
+}
+
+void round_to_bf16_inplace(float* x, int64_t n) {
+  parallel_ranges(n, kSerialElements, 16, [&](int64_t i0, int64_t i1, int, int) { round_to_bf16_range(x, i0, i1); });
+}
+
+void add(float* out, const float* a, const float* b, int64_t n) {
+  parallel_ranges(n, kSerialElements, 16, [&](int64_t i0, int64_t i1, int, int) { add_range(out, a, b, i0, i1); });
+}
+
+KernelCost cast_cost(int64_t n) {
+  // f32 -> bf16 rounding: read 4 bytes, write 2 per element, ~5 integer ops that are not FLOPs.
+  // (add moves 12 bytes and does 1 flop per element; bf16 -> f32 moves 6.)
+  return {0.0, 6.0 * static_cast<double>(n)};
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,120 @@
+// End-to-end tests of `loom train` as a user runs it: the binary, a config, the files it leaves.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int rc;
+  std::string out, err;
+};
+
+Result run(const std::string& args) {
+  fs::path err = fs::temp_directory_path() / ("loom-cli-err-" + std::to_string(::getpid()));
+  std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>" + err.string();
+  Result r{0, "", ""};
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  r.rc = WEXITSTATUS(::pclose(p));
+  std::ifstream e(err);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(err);
+  return r;
+}
+
+fs::path scratch(const std::string& name) {
+  auto d = fs::temp_directory_path() / ("loom-cli-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+}  // namespace
+
+TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {
+  auto dir = scratch("run");
+  auto trace = dir / "trace.json";
+  auto r = run("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set train.steps=8 --set train.eval_every=4 --set train.out_dir=" +
+               dir.string() + " --trace " + trace.string() + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto summary = nlohmann::json::parse(r.out);
+  EXPECT_EQ(summary["framework"], "loom");
+  EXPECT_GT(summary["tokens_per_s"].get<double>(), 0);
+  EXPECT_TRUE(summary.contains("val_loss"));
+  EXPECT_NE(r.err.find("step 8/8"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("split: gemm"), std::string::npos) << r.err;
+
+  std::ifstream metrics(dir / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int>(), ++lines);
+    for (auto key : {"loss", "lr", "grad_norm", "step_s", "tokens_per_s", "mfu", "tokens", "elapsed_s"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j.contains("val_loss"), lines % 4 == 0);
+  }
+  EXPECT_EQ(lines, 8);
+
+  std::ifstream mf(dir / "manifest.json");
+  auto manifest = nlohmann::json::parse(mf);
+  EXPECT_NE(manifest["config_toml"].get<std::string>().find("preset = \"tiny\""), std::string::npos);
+  EXPECT_FALSE(manifest["backend"].get<std::string>().empty());
+
+  std::ifstream tf(trace);
+  auto t = nlohmann::json::parse(tf);
+  bool saw_gemm = false;
+  for (auto& ev : t["traceEvents"])
+    if (ev.value("cat", "") == "gemm") saw_gemm = ev["args"]["flops"].get<double>() > 0 || saw_gemm;
+  EXPECT_TRUE(saw_gemm);
+  fs::remove_all(dir);
+}
+
+TEST(TrainCli, QuietPrintsNothingButTheJsonSummary) {
+  auto dir = scratch("quiet");
+  auto r = run("train --set model.preset=tiny --set train.steps=2 --set train.out_dir=" + dir.string() + " --quiet --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NO_THROW(nlohmann::json::parse(r.out));
+  fs::remove_all(dir);
+}
+
+TEST(TrainCli, BadInputIsOneClearLineAndANonZeroExit) {
+  struct Case {
+    std::string args, expect;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"train --set train.wramup_steps=1", "did you mean 'train.warmup_steps'"},
+           {"train --set model.preset=tiny --set model.n_heads=5", "not divisible by model.n_heads"},
+           {"train --set model.preset=tiny-llama --set model.n_kv_heads=3", "must divide model.n_heads"},
+           {"train --set parallel.dp=4", "not supported yet"},
+           {"train --set precision=fp8", "precision = 'fp8' is not supported"},
+           {"train --set train.steps=abc", "train.steps must be an integer"},
+       }) {
+    auto r = run(c.args);
+    EXPECT_EQ(r.rc, 1) << c.args;
+    EXPECT_NE(r.err.find("loom: error: "), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << "\n" << r.err;
+  }
+  auto missing = run("train --config /nonexistent/x.toml");
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("x.toml"), std::string::npos) << missing.err;
+}
+
+TEST(TrainCli, HelpDocumentsEveryConfigKey) {
+  auto r = run("train --help");
+  ASSERT_EQ(r.rc, 0);
+  for (auto key : {"model.preset", "train.micro_batch_size", "precision", "parallel.zero", "trace.file"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key;
+}
