@@ -37,12 +37,22 @@ std::string as_string(const toml::node& n, const std::string& key) {
   if (auto v = n.value_exact<std::string>()) return *v;
   throw ConfigError(key + " must be a string, got " + describe(n));
 }
+// A TOML basic string: "..." with backslashes, quotes and control characters escaped.
 std::string quote(const std::string& s) {
-  std::ostringstream o;
-  o << toml::value<std::string>(s);
-  return o.str();
+  std::string o = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\')
+      o += '\\', o += static_cast<char>(ch);
+    else if (ch < 0x20 || ch == 0x7f)
+      o += fmt::format("\\u{:04x}", ch);
+    else
+      o += static_cast<char>(ch);
+  }
+  return o + "\"";
 }
-std::string num(double v) {
+// Shortest text that reads back to the same value; always a TOML float.
+template <typename T>
+std::string num(T v) {
   std::string s = fmt::format("{}", v);
   if (s.find_first_of(".e") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
   return s;
