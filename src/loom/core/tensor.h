@@ -46,7 +46,8 @@ class Tensor {
   // Non-owning view of memory that outlives the tensor (mmap'd files, arenas owned elsewhere).
   static Tensor wrap(void* data, const Shape& shape, DType dtype);
 
-  bool defined() const { return data_ != nullptr || shape_.numel() == 0; }
+  // False for a default-constructed tensor (which has rank 0, i.e. one element, but no storage).
+  bool defined() const { return storage_ != nullptr || data_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_[i]; }
   int64_t numel() const { return shape_.numel(); }

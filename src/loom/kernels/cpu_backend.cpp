@@ -45,6 +45,14 @@ std::string CpuBackend::describe() const {
          bf16 + ")";
 }
 
+void* CpuBackend::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) {
+    scratch_ = Buffer();  // release first, so the peak does not count both
+    scratch_ = Buffer(alloc_, bytes, MemCategory::Workspace);
+  }
+  return scratch_.data();
+}
+
 void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, bool accumulate) {
   expect(x.dtype() == w.dtype(), "linear: input " + sh(x) + " and weight " + sh(w) + " must share a dtype");
   expect(w.shape().rank() == 2 && cols(x) == w.dim(1) && rows(y) == rows(x) && cols(y) == w.dim(0),
@@ -64,13 +72,12 @@ void CpuBackend::linear_backward(const Tensor* dx, bool dx_accumulate, const Ten
          "linear_backward: dy " + sh(dy) + ", x " + sh(x) + ", w " + sh(w) + ", dw " + sh(dw) + " do not fit");
   const int64_t N = rows(x), OC = w.dim(0), IC = w.dim(1);
   const void* g = dy.raw();
-  Buffer lowp;
   if (w.dtype() == DType::BF16) {
     // The gradient enters both GEMMs in the same precision as the weights and activations.
     Span span(tracer_, "cast_dy_bf16", Category::Kernel, 0, cast_cost(dy.numel()).bytes);
-    lowp = Buffer(alloc_, sizeof(bf16) * dy.numel(), MemCategory::Workspace);
-    cast_f32_to_bf16(static_cast<bf16*>(lowp.data()), dy.data<float>(), dy.numel());
-    g = lowp.data();
+    bf16* lowp = static_cast<bf16*>(scratch(sizeof(bf16) * dy.numel()));
+    cast_f32_to_bf16(lowp, dy.data<float>(), dy.numel());
+    g = lowp;
   }
   if (dx) {
     expect_f32(*dx, "linear_backward", "dx");

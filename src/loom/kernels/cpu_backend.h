@@ -44,9 +44,14 @@ class CpuBackend final : public Backend {
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
 
  private:
+  // Grow-only scratch for the bf16 copy of a gradient: allocating it per call would pay the page
+  // faults of a fresh mapping (tens of MB for the LM head) on every backward pass.
+  void* scratch(size_t bytes);
+
   Allocator& alloc_;
   profile::Tracer* tracer_;
   int threads_;
+  Buffer scratch_;
 };
 
 }  // namespace loom::kernels

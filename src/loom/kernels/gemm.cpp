@@ -135,6 +135,8 @@ void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float
     if (!d.accumulate && d.M > 0 && d.N > 0) std::memset(C, 0, sizeof(float) * d.M * d.N);
     return;
   }
+  if (A == nullptr || B == nullptr || C == nullptr || (d.bias && bias == nullptr))
+    throw ShapeError(d.str() + ": an operand pointer is null (A " + std::to_string(A != nullptr) + " B " + std::to_string(B != nullptr) + " C " + std::to_string(C != nullptr) + ")");
   DType ab = d.ab_type;
   Buffer wa, wb;
   if (ab == DType::BF16 && gemm_bf16_mode() == Bf16GemmMode::WidenToF32) {

@@ -15,7 +15,7 @@ namespace loom::model {
 // A linear layer's views: weight as GEMMs read it, master f32 grad; bias optional (GPT-2 only).
 struct LinearViews {
   Tensor w, dw, b, db;
-  bool has_bias() const { return b.numel() > 0; }
+  bool has_bias() const { return b.defined(); }
 };
 struct NormViews {
   Tensor w, dw, b, db;  // b/db empty for RMSNorm
