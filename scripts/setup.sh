@@ -11,6 +11,8 @@ packages=(
   libtomlplusplus-dev              # TOML configs
   nlohmann-json3-dev               # JSON metrics, manifests, safetensors headers
   libfmt-dev                       # GCC 12's libstdc++ has no <format>
+  libsentencepiece-dev             # BPE tokenizer training and encoding (loom prepare)
+  fortunes                         # the default training corpus (text files under /usr/share/games/fortunes)
   python3-torch python3-numpy      # PyTorch parity references and benchmark baselines (/usr/bin/python3)
   libopenblas0-pthread             # without it Debian's torch falls back to netlib BLAS (~2 GFLOP/s)
 )

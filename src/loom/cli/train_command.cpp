@@ -72,6 +72,7 @@ int run_train(const TrainOptions& o) {
   train::write_run_manifest(cfg.train.out_dir, cfg, id);
   train::MetricsLog log(cfg.train.out_dir);
   train::Trainer trainer(cfg, backend, peak.flops_per_s);
+  say("data: " + trainer.data().describe());
 
   std::vector<double> tps, mfus;
   std::optional<double> last_val;

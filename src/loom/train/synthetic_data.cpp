@@ -21,7 +21,12 @@ int32_t SyntheticData::successor(int32_t tok) const {
   return static_cast<int32_t>(Philox::u32(seed_, kTableStream, static_cast<uint64_t>(tok)) % static_cast<uint64_t>(vocab_));
 }
 
-void SyntheticData::fill(const Tensor& tokens, const Tensor& targets, int64_t first_sample) const {
+std::string SyntheticData::describe() const {
+  return "synthetic token stream (V=" + std::to_string(vocab_) + ", loss floor " + std::to_string(entropy_floor()) + " nats)";
+}
+
+void SyntheticData::fill(const Tensor& tokens, const Tensor& targets, int64_t first_sample, Split split) const {
+  if (split == Split::Validation) first_sample += kValidationOffset;
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   if (T != seq_len_ || targets.shape() != tokens.shape())
     throw ShapeError("synthetic data: batch " + tokens.shape().str() + " does not match seq_len " + std::to_string(seq_len_));

@@ -7,15 +7,15 @@
 #include <cstdint>
 
 #include "loom/core/tensor.h"
+#include "loom/train/token_source.h"
 
 namespace loom::train {
 
-class SyntheticData {
+class SyntheticData final : public TokenSource {
  public:
   SyntheticData(uint64_t seed, int64_t vocab_size, int64_t seq_len);
-  // Fills tokens and targets (I32 [B, T]) with samples first_sample .. first_sample + B - 1; targets are
-  // the tokens shifted by one (a window of T + 1 tokens per sample).
-  void fill(const Tensor& tokens, const Tensor& targets, int64_t first_sample) const;
+  void fill(const Tensor& tokens, const Tensor& targets, int64_t first_sample, Split split) const override;
+  std::string describe() const override;
   // Validation samples live at indices disjoint from any training run's.
   static constexpr int64_t kValidationOffset = int64_t{1} << 48;
   // Entropy of the generating process per token (nats): the loss floor a perfect model reaches.

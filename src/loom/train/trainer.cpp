@@ -14,7 +14,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
       peak_flops_(peak_flops),
       flops_per_token_(spec::model_flops_per_token(cfg.model.resolved, cfg.seq_len())),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
-      data_(cfg.train.seed, cfg.model.resolved.vocab_size, cfg.seq_len()) {
+      data_(make_token_source(cfg)) {
   cfg_.validate();
   Allocator& alloc = backend_.allocator();
   params_ = std::make_unique<model::ParameterStore>(spec::build_param_table(cfg_.model.resolved), cfg_.precision, alloc);
@@ -34,13 +34,12 @@ StepMetrics Trainer::train_step(int64_t step) {
   const int64_t mb = cfg_.micro_batch(), T = cfg_.seq_len();
   const int64_t n_micro = cfg_.train.batch_size / mb;
   const int64_t first = (step - 1) * cfg_.train.batch_size;  // data order: a function of the global sample index
-  // Synthetic samples have no ignored targets, so every micro-batch holds mb * T of them; the loss
-  // is the mean over the whole global batch.
+  // Every sample holds T targets (no padding), so the loss is the mean over batch * T of them.
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
   params_->zero_grads();
   double loss_sum = 0;
   for (int64_t m = 0; m < n_micro; ++m) {
-    data_.fill(tokens_, targets_, first + m * mb);
+    data_->fill(tokens_, targets_, first + m * mb, Split::Train);
     double loss = model_->forward(ctx_, tokens_, targets_, grad_scale);
     if (!std::isfinite(loss))
       throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
@@ -88,7 +87,7 @@ double Trainer::evaluate() {
   profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
   double sum = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
-    data_.fill(tokens_, targets_, SyntheticData::kValidationOffset + i * cfg_.micro_batch());
+    data_->fill(tokens_, targets_, i * cfg_.micro_batch(), Split::Validation);
     sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
   }
   return sum / static_cast<double>(cfg_.train.eval_batches);

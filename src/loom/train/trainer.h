@@ -13,7 +13,7 @@
 #include "loom/train/adamw.h"
 #include "loom/train/lr_schedule.h"
 #include "loom/train/run_config.h"
-#include "loom/train/synthetic_data.h"
+#include "loom/train/token_source.h"
 
 namespace loom::train {
 
@@ -44,6 +44,7 @@ class Trainer {
   model::Transformer& model() { return *model_; }
   const RunConfig& config() const { return cfg_; }
   double model_flops_per_token() const { return flops_per_token_; }
+  const TokenSource& data() const { return *data_; }
 
  private:
   void check_finite_gradients(int64_t step) const;
@@ -56,7 +57,7 @@ class Trainer {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
-  SyntheticData data_;
+  std::unique_ptr<TokenSource> data_;
   model::ActivationContext ctx_;
   Tensor tokens_, targets_;
   int64_t tokens_seen_ = 0;
