@@ -1,44 +1,24 @@
 // End-to-end tests of `loom train` as a user runs it: the binary, a config, the files it leaves.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "cli_runner.h"
 
 namespace fs = std::filesystem;
 
+using loom::test::run_loom;
+
 namespace {
-
-struct Result {
-  int rc;
-  std::string out, err;
-};
-
-Result run(const std::string& args) {
-  fs::path err = fs::temp_directory_path() / ("loom-cli-err-" + std::to_string(::getpid()));
-  std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>" + err.string();
-  Result r{0, "", ""};
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  r.rc = WEXITSTATUS(::pclose(p));
-  std::ifstream e(err);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  fs::remove(err);
-  return r;
-}
-
-fs::path scratch(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("loom-cli-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
+std::filesystem::path scratch(const std::string& name) {
+  auto d = loom::test::scratch_dir(name);
+  std::filesystem::remove_all(d);  // `loom train` creates it
   return d;
 }
-
+auto run(const std::string& args) { return run_loom(args); }
 }  // namespace
 
 TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {

@@ -21,7 +21,10 @@ std::vector<double> losses(const RunConfig& cfg) {
   kernels::CpuBackend backend(alloc, nullptr, 2);
   Trainer t(cfg, backend, 0);
   std::vector<double> out;
-  t.run([&](const StepMetrics& s) { out.push_back(s.loss); });
+  t.run([&](const StepMetrics& s) {
+    out.push_back(s.loss);
+    return true;
+  });
   return out;
 }
 }  // namespace

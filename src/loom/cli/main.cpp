@@ -1,4 +1,5 @@
 // The `loom` binary: one file per subcommand; this file only dispatches and reports errors.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -7,6 +8,8 @@
 #include "loom/error.h"
 
 int main(int argc, char** argv) {
+  // A file-size limit must surface as a write error (EFBIG) Loom can report, not a silent kill.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Loom: a distributed training engine for transformer language models"};
   app.set_version_flag("--version", std::string("loom ") + LOOM_VERSION + " (" + LOOM_GIT_COMMIT + ")");
   app.require_subcommand(1);

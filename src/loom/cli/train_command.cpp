@@ -11,6 +11,9 @@
 #include "loom/cli/commands.h"
 #include "loom/kernels/cpu_backend.h"
 #include "loom/kernels/peak_probe.h"
+#include "loom/error.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/preemption.h"
 #include "loom/train/run_log.h"
 #include "loom/train/trainer.h"
 
@@ -24,6 +27,11 @@ struct TrainOptions {
   std::string trace;
   bool quiet = false;
   bool json = false;
+  int64_t save_every = -1;
+  std::string save_dir;
+  int64_t keep = -1;
+  bool resume = false;
+  std::string resume_from;
 };
 
 std::string duration(double s) {
@@ -44,6 +52,10 @@ int run_train(const TrainOptions& o) {
   train::RunConfig cfg = o.config.empty() ? train::parse_run_config("", "<defaults>", o.sets)
                                           : train::load_run_config(o.config, o.sets);
   if (!o.trace.empty()) cfg.trace.file = o.trace;
+  if (o.save_every >= 0) cfg.checkpoint.save_every = o.save_every;
+  if (!o.save_dir.empty()) cfg.checkpoint.dir = o.save_dir;
+  if (o.keep >= 0) cfg.checkpoint.keep = o.keep;
+  cfg.validate();
   const int threads = resolve_threads(cfg.train.threads);
   const bool tty = isatty(STDERR_FILENO);
   auto say = [&](const std::string& line) {
@@ -70,30 +82,63 @@ int run_train(const TrainOptions& o) {
   say(fmt::format("device peak {} GEMM {:.1f} GFLOP/s ({})", dtype_name(peak_type), peak.flops_per_s * 1e-9, peak.source));
 
   train::write_run_manifest(cfg.train.out_dir, cfg, id);
-  train::MetricsLog log(cfg.train.out_dir);
+  const bool resuming_run = o.resume || !o.resume_from.empty();
+  train::MetricsLog log(cfg.train.out_dir, /*append=*/resuming_run);
   train::Trainer trainer(cfg, backend, peak.flops_per_s);
   say("data: " + trainer.data().describe());
+  const bool resuming = resuming_run;
+  train::CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming);
+  if (resuming) {
+    std::string from = !o.resume_from.empty() ? o.resume_from : checkpoints.latest().value_or("");
+    if (from.empty())
+      throw IoError("--resume: no checkpoint in '" + cfg.checkpoint.dir + "' (its `latest` file is missing); " +
+                    "train without --resume, or point --resume-from at a checkpoint");
+    auto report = train::load_checkpoint(from, trainer);
+    say(fmt::format("resumed from {} at step {}", train::resolve_checkpoint(from), report.step));
+    if (!report.changed_keys.empty()) {
+      std::string keys;
+      for (auto& k : report.changed_keys) keys += (keys.empty() ? "" : ", ") + k;
+      say("note: these keys differ from the checkpoint's, so the run will not reproduce the original: " + keys);
+    }
+  }
+  train::install_preemption_handlers();
+  int64_t last_saved = trainer.start_step();
 
   std::vector<double> tps, mfus;
   std::optional<double> last_val;
   double last_loss = 0;
   // The first steps pay for primitive creation and page faults; exclude them from the summary.
   const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
+  bool preempted = false;
   trainer.run([&](const train::StepMetrics& s) {
     log.write(s);
+    // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
+    const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
+    const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
+    preempted = train::preemption_requested();
+    if (periodic || final || preempted) {
+      std::string path = checkpoints.save(trainer, s.step);
+      last_saved = s.step;
+      if (!o.quiet) fmt::print(stderr, "{}checkpoint saved: {}\n", tty ? "\r\033[K" : "", path);
+    }
+    if (preempted) return false;
     last_loss = s.loss;
     if (s.val_loss) last_val = s.val_loss;
     if (s.step > warmup) tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
     if (s.step == warmup) tracer.reset_stats();
-    if (o.quiet || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return;
-    double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step));
+    if (o.quiet || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
+    double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step - trainer.start_step()));
     std::string line = fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
                                    s.step, std::to_string(s.total_steps).size(), s.total_steps, s.loss,
                                    s.val_loss ? fmt::format(" | val {:.4f}", *s.val_loss) : "", s.lr, s.grad_norm,
                                    s.tokens_per_s, 100.0 * s.mfu, duration(eta));
     const bool keep = !tty || s.val_loss || s.step == s.total_steps;
     fmt::print(stderr, "{}{}{}", tty ? "\r\033[K" : "", line, keep ? "\n" : "");
+    return true;
   });
+  if (preempted)
+    say(fmt::format("stopped by signal {} after step {}; resume with --resume (checkpoint.dir = {})",
+                    train::preemption_signal(), last_saved, cfg.checkpoint.dir));
 
   double wall = 0;
   for (auto& [name, st] : tracer.stats())
@@ -133,6 +178,11 @@ void register_train(CLI::App& app, Action& action) {
   cmd->add_option("--trace", o->trace, "write a Chrome/Perfetto trace JSON of every kernel to this file");
   cmd->add_flag("-q,--quiet", o->quiet, "no progress output (the metrics log is still written)");
   cmd->add_flag("--json", o->json, "print a one-line JSON summary on stdout at the end");
+  cmd->add_option("--save-every", o->save_every, "checkpoint every N steps (checkpoint.save_every)");
+  cmd->add_option("--save-dir", o->save_dir, "checkpoint directory (checkpoint.dir)");
+  cmd->add_option("--keep", o->keep, "keep only this run's newest K checkpoints (checkpoint.keep)");
+  cmd->add_flag("--resume", o->resume, "continue the run in checkpoint.dir from its latest checkpoint");
+  cmd->add_option("--resume-from", o->resume_from, "continue from this checkpoint (a step-N folder or checkpoint dir)");
   cmd->footer("Config keys (TOML tables; --set uses the dotted names):\n" + train::config_reference());
   cmd->callback([&action, o] { action = [o] { return run_train(*o); }; });
 }

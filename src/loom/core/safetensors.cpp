@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loom/core/file_writer.h"
 #include "loom/error.h"
 
 namespace loom {
@@ -18,7 +19,7 @@ DType dtype_from_name(const std::string& s, const std::string& where) {
 }  // namespace
 
 void write_safetensors(const std::string& path, std::vector<SafetensorsEntry> tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const SafetensorsWriteOptions& options) {
   std::sort(tensors.begin(), tensors.end(), [](auto& a, auto& b) { return a.name < b.name; });
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -35,16 +36,25 @@ void write_safetensors(const std::string& path, std::vector<SafetensorsEntry> te
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw IoError("cannot open '" + path + "' for writing");
+  FileWriter out(path);
   uint64_t len = h.size();
   unsigned char le[8];
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
-  out.write(reinterpret_cast<const char*>(le), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (auto& t : tensors) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
-  out.flush();
-  if (!out) throw IoError("error writing '" + path + "' (disk full?)");
+  out.write(le, 8);
+  out.write(h.data(), h.size());
+  constexpr size_t kChunk = size_t{4} << 20;
+  uint64_t data_written = 0;
+  for (auto& t : tensors) {
+    const char* p = static_cast<const char*>(t.data);
+    for (size_t off = 0; off < t.nbytes; off += kChunk) {
+      size_t n = std::min(kChunk, t.nbytes - off);
+      out.write(p + off, n);
+      data_written += n;
+      if (options.on_progress) options.on_progress(data_written);
+    }
+  }
+  if (options.sync) out.sync();
+  out.close();
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,9 +23,16 @@ struct SafetensorsEntry {
   size_t nbytes = 0;
 };
 
-// Writes tensors sorted by name. Throws IoError naming the path on failure.
+struct SafetensorsWriteOptions {
+  bool sync = false;  // fsync before returning (checkpoints)
+  // Called after each chunk of tensor data with the bytes written so far (progress, fault injection).
+  std::function<void(uint64_t)> on_progress;
+};
+
+// Writes tensors sorted by name. Throws IoError naming the path on failure (disk full included).
 void write_safetensors(const std::string& path, std::vector<SafetensorsEntry> tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const SafetensorsWriteOptions& options = {});
 
 class SafetensorsFile {
  public:

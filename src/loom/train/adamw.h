@@ -21,6 +21,8 @@ class AdamW {
   // One update with learning rate `lr`; gradients are multiplied by `grad_scale` (clipping) first.
   void step(double lr, double grad_scale, profile::Tracer* tracer);
   int64_t steps_taken() const { return step_; }
+  // After loading m and v from a checkpoint: the bias corrections continue from `steps`.
+  void restore_steps(int64_t steps) { step_ = steps; }
   const Tensor& m() const { return m_; }
   const Tensor& v() const { return v_; }
 

@@ -128,9 +128,11 @@ const std::vector<Field>& fields() {
             [](RunConfig& c, const toml::node& n) { c.train.threads = static_cast<int>(as_int(n, "train.threads")); },
             [](const RunConfig& c) { return std::to_string(c.train.threads); }},
       LOOM_STRING("train.out_dir", train.out_dir, "directory for metrics.jsonl and manifest.json"),
-      LOOM_STRING("data.source", data.source, "\"synthetic\": a learnable token stream (real corpora arrive with `loom prepare`)"),
-      LOOM_STRING("checkpoint.dir", checkpoint.dir, "checkpoint directory (checkpointing arrives with the data issue)"),
-      LOOM_INT("checkpoint.save_every", checkpoint.save_every, "steps between checkpoints (0: never)"),
+      LOOM_STRING("data.source", data.source, "\"synthetic\" (a learnable token stream) or \"shards\" (a corpus from `loom prepare`)"),
+      LOOM_STRING("data.dir", data.dir, "shard folder written by `loom prepare --out` (data.source = \"shards\")"),
+      LOOM_STRING("checkpoint.dir", checkpoint.dir, "directory of this run's checkpoints (step-NNNNNNNN/ and `latest`)"),
+      LOOM_INT("checkpoint.save_every", checkpoint.save_every, "steps between checkpoints (0: only on SIGTERM)"),
+      LOOM_INT("checkpoint.keep", checkpoint.keep, "keep the newest K checkpoints of this run (0: all)"),
       LOOM_STRING("trace.file", trace.file, "write a Chrome/Perfetto trace JSON here (empty: no trace)"),
       LOOM_BOOL("trace.summary", trace.summary, "print time per kernel at the end of the run"),
       LOOM_INT("parallel.dp", parallel.dp, "data-parallel degree"),
@@ -266,10 +268,12 @@ void RunConfig::validate() const {
   need(train.eval_every >= 0 && train.eval_batches > 0, "train.eval_every must be >= 0 and train.eval_batches > 0");
   need(train.log_every > 0, "train.log_every must be positive");
   need(train.threads >= 0, "train.threads must be >= 0");
-  need(data.source == "synthetic", "data.source = '" + data.source +
-                                       "' is not available yet: only \"synthetic\" until `loom prepare` shards land");
-  need(checkpoint.save_every == 0, "checkpoint.save_every = " + s(checkpoint.save_every) +
-                                       ": checkpointing is not implemented yet; set it to 0");
+  need(data.source == "synthetic" || data.source == "shards",
+       "data.source = '" + data.source + "' is not known (valid: \"synthetic\", \"shards\")");
+  need(data.source != "shards" || !data.dir.empty(),
+       "data.source = \"shards\" needs data.dir: the folder `loom prepare --out DIR` wrote");
+  need(checkpoint.save_every >= 0 && checkpoint.keep >= 0, "checkpoint.save_every and checkpoint.keep must be >= 0");
+  need(!checkpoint.dir.empty(), "checkpoint.dir must not be empty");
   const ParallelSection& p = parallel;
   need(p.dp == 1 && p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1 && p.zero == 0,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +

@@ -38,12 +38,14 @@ struct TrainSection {
 };
 
 struct DataSection {
-  std::string source = "synthetic";
+  std::string source = "synthetic";  // "synthetic" or "shards"
+  std::string dir = "data/fortunes";  // shard folder written by `loom prepare` (source = "shards")
 };
 
 struct CheckpointSection {
-  std::string dir;
-  int64_t save_every = 0;
+  std::string dir = "checkpoints";
+  int64_t save_every = 0;  // 0: no periodic checkpoints (SIGTERM still saves one)
+  int64_t keep = 0;        // 0: keep all; else prune this run's older checkpoints beyond the newest K
 };
 
 struct TraceSection {

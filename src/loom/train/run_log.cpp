@@ -38,10 +38,11 @@ void write_run_manifest(const std::string& out_dir, const RunConfig& cfg, const 
   if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
 }
 
-MetricsLog::MetricsLog(const std::string& out_dir) : path_((fs::path(out_dir) / "metrics.jsonl").string()) {
+MetricsLog::MetricsLog(const std::string& out_dir, bool append)
+    : path_((fs::path(out_dir) / "metrics.jsonl").string()) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  file_.reset(std::fopen(path_.c_str(), "w"));
+  file_.reset(std::fopen(path_.c_str(), append ? "a" : "w"));
   if (!file_) throw IoError("cannot write metrics log '" + path_ + "': check train.out_dir is writable");
 }
 

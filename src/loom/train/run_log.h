@@ -23,8 +23,9 @@ void write_run_manifest(const std::string& out_dir, const RunConfig& cfg, const 
 
 class MetricsLog {
  public:
-  // Truncates out_dir/metrics.jsonl. Throws IoError naming the path.
-  explicit MetricsLog(const std::string& out_dir);
+  // Opens out_dir/metrics.jsonl: truncated for a new run, appended to when resuming (the lines of
+  // the steps before the checkpoint stay). Throws IoError naming the path.
+  MetricsLog(const std::string& out_dir, bool append);
   void write(const StepMetrics& s);
   const std::string& path() const { return path_; }
 

@@ -24,6 +24,10 @@ class TokenSource {
   virtual void fill(const Tensor& tokens, const Tensor& targets, int64_t first_sample, Split split) const = 0;
   // One line for start-up logs.
   virtual std::string describe() const = 0;
+  // The tokenizer model file the tokens were made with, and its hash ("" for synthetic data):
+  // checkpoints carry it and refuse to resume on data made with another tokenizer.
+  virtual std::string tokenizer_file() const { return ""; }
+  virtual std::string tokenizer_hash() const { return ""; }
 };
 
 // Builds the source the config names (data.source). Throws ConfigError / IoError naming the fix.

@@ -62,8 +62,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.grad_norm = norm;
   s.step_seconds = seconds;
   const int64_t step_tokens = cfg_.train.batch_size * T;
-  tokens_seen_ += step_tokens;
-  elapsed_ += seconds;
+  tokens_seen_ = step * step_tokens;
+  elapsed_ += seconds;  // this process's steps only
   s.tokens = tokens_seen_;
   s.elapsed_seconds = elapsed_;
   s.tokens_per_s = static_cast<double>(step_tokens) / seconds;
@@ -93,12 +93,12 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(cfg_.train.eval_batches);
 }
 
-void Trainer::run(const std::function<void(const StepMetrics&)>& on_step) {
-  for (int64_t step = 1; step <= cfg_.train.steps; ++step) {
+void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {
+  for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     StepMetrics s = train_step(step);
     const bool eval_now = cfg_.train.eval_every > 0 && (step % cfg_.train.eval_every == 0 || step == cfg_.train.steps);
     if (eval_now) s.val_loss = evaluate();
-    if (on_step) on_step(s);
+    if (on_step && !on_step(s)) break;
   }
 }
 

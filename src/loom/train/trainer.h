@@ -37,8 +37,13 @@ class Trainer {
   StepMetrics train_step(int64_t step);
   // Mean loss over train.eval_batches validation micro-batches.
   double evaluate();
-  // Runs train.steps steps, calling on_step after each.
-  void run(const std::function<void(const StepMetrics&)>& on_step);
+  // Runs steps start_step()+1 .. train.steps, calling on_step after each; stops early (after the
+  // step) when on_step returns false.
+  void run(const std::function<bool(const StepMetrics&)>& on_step);
+  // Steps already done (non-zero after resuming from a checkpoint).
+  int64_t start_step() const { return start_step_; }
+  void set_start_step(int64_t step) { start_step_ = step; }
+  AdamW& optimizer() { return *optimizer_; }
 
   model::ParameterStore& params() { return *params_; }
   model::Transformer& model() { return *model_; }
@@ -60,6 +65,7 @@ class Trainer {
   std::unique_ptr<TokenSource> data_;
   model::ActivationContext ctx_;
   Tensor tokens_, targets_;
+  int64_t start_step_ = 0;
   int64_t tokens_seen_ = 0;
   double elapsed_ = 0;
 };

@@ -1,0 +1,57 @@
+// Checkpoints: everything a run needs to continue bitwise-identically -- fp32 master weights,
+// AdamW moments and step, the schedule position, the data position and seed, the tokenizer and the
+// resolved config -- as safetensors plus a JSON manifest with per-tensor checksums, global shapes and
+// placements (the format sharded checkpoints extend).
+//
+// Saving is atomic: write into <dir>/.tmp-step-N-<pid>/, fsync every file and the folder, rename to
+// <dir>/step-N/, fsync <dir>, and only then move <dir>/latest (itself replaced atomically). A crash,
+// kill or full disk at any moment leaves the previous checkpoint intact and `latest` pointing at it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/train/trainer.h"
+
+namespace loom::train {
+
+class CheckpointManager {
+ public:
+  // `resuming`: this process continues the run whose checkpoints are in `dir`. Without it, a dir
+  // that already holds checkpoints is refused (it belongs to another run) -- nothing is overwritten.
+  CheckpointManager(std::string dir, int64_t keep, bool resuming);
+
+  // Saves the trainer's state after `step` completed steps; returns the checkpoint's path. On
+  // failure throws IoError saying what failed and that the previous checkpoint is intact.
+  std::string save(Trainer& trainer, int64_t step);
+  // The checkpoint `latest` points at, if any.
+  std::optional<std::string> latest() const;
+  const std::string& run_id() const { return run_id_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void prune(const std::string& just_saved);
+
+  std::string dir_;
+  int64_t keep_;
+  std::string run_id_;
+};
+
+struct ResumeReport {
+  int64_t step = 0;
+  // Config keys whose value differs from the checkpoint's in ways that still load (e.g. train.steps);
+  // the run continues, but is no longer bitwise the original one.
+  std::vector<std::string> changed_keys;
+};
+
+// Loads a checkpoint (a step-N folder, or a checkpoint dir whose `latest` is followed) into a freshly
+// constructed trainer: verifies every tensor's checksum, refuses a different model, layout or
+// tokenizer with one line naming the difference, restores weights, moments and step.
+ResumeReport load_checkpoint(const std::string& path, Trainer& trainer);
+
+// The checkpoint folder `path` names: itself if it holds a manifest, else <path>/<latest>.
+std::string resolve_checkpoint(const std::string& path);
+
+}  // namespace loom::train

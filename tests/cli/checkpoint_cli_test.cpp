@@ -1,0 +1,180 @@
+// Checkpoints as a user meets them: save, resume bitwise, survive kills and a full disk at every
+// phase of a save, detect corruption, prune only this run's checkpoints, save on SIGTERM.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "cli_runner.h"
+
+namespace fs = std::filesystem;
+using loom::test::run_loom;
+
+namespace {
+
+// A tiny run: fast steps, a checkpoint every 2 of them.
+std::string train_args(const fs::path& root, int steps, const std::string& extra = "", int save_every = 2) {
+  return "train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set train.steps=" + std::to_string(steps) +
+         " --set train.eval_every=0 --set train.batch_size=4 --set train.seq_len=32 --set train.out_dir=" +
+         (root / "out").string() + " --save-dir " + (root / "ck").string() + " --save-every " + std::to_string(save_every) +
+         " " + extra;
+}
+
+std::vector<double> losses(const fs::path& root) {
+  std::vector<double> out;
+  std::ifstream in(root / "out" / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return out;
+}
+
+std::string latest(const fs::path& root) {
+  std::ifstream in(root / "ck" / "latest");
+  std::string s;
+  in >> s;
+  return s;
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeContinuesBitwiseIdentically) {
+  auto whole = loom::test::scratch_dir("ck-whole"), split = loom::test::scratch_dir("ck-split");
+  ASSERT_EQ(run_loom(train_args(whole, 6)).rc, 0);
+  ASSERT_EQ(run_loom(train_args(split, 4)).rc, 0);
+  auto r = run_loom(train_args(split, 6, "--resume"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from"), std::string::npos);
+  EXPECT_NE(r.err.find("train.steps"), std::string::npos) << "the changed schedule length is reported";
+  auto a = losses(whole), b = losses(split);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);  // the resumed run appends to the metrics of the first
+  // Steps 5 and 6 ran on a checkpoint from a 4-step schedule, whose cosine ends at step 4: compare
+  // against a run resumed from the 6-step run's own checkpoint instead.
+  auto again = loom::test::scratch_dir("ck-again");
+  fs::copy(whole / "ck", again / "ck", fs::copy_options::recursive);
+  std::ofstream(again / "ck" / "latest") << "step-00000004\n";
+  auto r2 = run_loom(train_args(again, 6, "--resume"));
+  ASSERT_EQ(r2.rc, 0) << r2.err;
+  auto c = losses(again);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0], a[4]);  // bitwise
+  EXPECT_EQ(c[1], a[5]);
+  for (auto& d : {whole, split, again}) fs::remove_all(d);
+}
+
+TEST(Checkpoint, AKillAtAnyPhaseOfASaveLeavesThePreviousCheckpointLoadable) {
+  std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
+  const unsigned seed = rng();
+  std::printf("random kill points from seed %u\n", seed);
+  std::mt19937 pick(seed);
+  std::vector<std::string> faults = {"tensor_data", "manifest", "fsync", "rename", "latest"};
+  for (int i = 0; i < 2; ++i) faults.push_back("bytes:" + std::to_string(1 + pick() % 900000));
+  for (const auto& fault : faults) {
+    SCOPED_TRACE(fault);
+    auto root = loom::test::scratch_dir("ck-kill");
+    ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+    ASSERT_EQ(latest(root), "step-00000002");
+    auto killed = run_loom(train_args(root, 4, "--resume"), "LOOM_FAULT_INJECT=" + fault);
+    EXPECT_EQ(killed.rc, 86) << killed.err;  // the injected crash
+    EXPECT_EQ(latest(root), "step-00000002") << "latest moved before the new checkpoint was durable";
+    auto resumed = run_loom(train_args(root, 4, "--resume"));
+    EXPECT_EQ(resumed.rc, 0) << resumed.err;
+    EXPECT_NE(resumed.err.find("resumed from " + (root / "ck" / "step-00000002").string()), std::string::npos)
+        << resumed.err;
+    EXPECT_EQ(latest(root), "step-00000004");
+    for (auto& e : fs::directory_iterator(root / "ck"))
+      EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "a crashed save's folder was left behind";
+    fs::remove_all(root);
+  }
+}
+
+TEST(Checkpoint, AFullDiskFailsTheSaveWithAClearErrorAndKeepsThePreviousOne) {
+  auto root = loom::test::scratch_dir("ck-full");
+  ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+  // 300 KiB per file: the metrics fit, tiny's 1 MB model.safetensors does not.
+  auto r = run_loom(train_args(root, 4, "--resume"), "ulimit -f 300;");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("file too large"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("previous checkpoint"), std::string::npos) << r.err;
+  EXPECT_EQ(latest(root), "step-00000002");
+  EXPECT_EQ(run_loom(train_args(root, 4, "--resume")).rc, 0);
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, ACorruptedByteIsDetectedAndNamesTheTensor) {
+  auto root = loom::test::scratch_dir("ck-corrupt");
+  ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+  auto file = root / "ck" / "step-00000002" / "model.safetensors";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(file) - 1000));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(file) - 1000));
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  auto r = run_loom(train_args(root, 4, "--resume"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("corrupted"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tensor '"), std::string::npos) << r.err;
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, KeepPrunesOnlyThisRunsOlderCheckpoints) {
+  auto root = loom::test::scratch_dir("ck-keep");
+  // Another run's checkpoint shares the folder (as after a user copied it in to resume from).
+  ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+  fs::rename(root / "ck" / "step-00000002", root / "foreign");
+  fs::remove(root / "ck" / "latest");
+  auto other = loom::test::scratch_dir("ck-keep-other");
+  ASSERT_EQ(run_loom(train_args(other, 2)).rc, 0);
+  fs::rename(other / "ck" / "step-00000002", root / "ck" / "step-00000001");  // foreign run_id
+  fs::remove_all(other);
+  auto refused = run_loom(train_args(root, 8, "--keep 2"));
+  EXPECT_EQ(refused.rc, 1);
+  EXPECT_NE(refused.err.find("another run"), std::string::npos) << refused.err;
+  fs::rename(root / "foreign", root / "ck" / "step-00000002");
+  std::ofstream(root / "ck" / "latest") << "step-00000002\n";
+  auto r = run_loom(train_args(root, 8, "--resume --keep 2"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(root / "ck"))
+    if (e.path().filename().string().rfind("step-", 0) == 0) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000001", "step-00000006", "step-00000008"}));
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, SigtermSavesAtTheNextStepBoundaryAndExitsCleanly) {
+  auto root = loom::test::scratch_dir("ck-term");
+  std::string cmd = std::string(LOOM_BINARY) + " " + train_args(root, 100000, "", 0) + " 2>" +
+                    (root / "err.txt").string() + " & pid=$!; for i in $(seq 600); do grep -q \"step \" " + (root / "err.txt").string() +
+                    " && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo rc=$?";
+  FILE* p = ::popen(("bash -c '" + cmd + "'").c_str(), "r");
+  char buf[256] = {0};
+  std::string out;
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  ::pclose(p);
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << "[" << out << "] " << cmd;
+  std::ifstream e(root / "err.txt");
+  std::string err((std::istreambuf_iterator<char>(e)), {});
+  EXPECT_NE(err.find("stopped by signal 15"), std::string::npos) << err;
+  std::string name = latest(root);
+  ASSERT_FALSE(name.empty()) << err;
+  EXPECT_TRUE(fs::exists(root / "ck" / name / "manifest.json"));
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, ResumingADifferentModelIsRefused) {
+  auto root = loom::test::scratch_dir("ck-model");
+  ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+  auto r = run_loom(train_args(root, 4, "--resume --set model.n_layers=3"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("model.n_layers"), std::string::npos) << r.err;
+  fs::remove_all(root);
+}

@@ -1,0 +1,48 @@
+// Runs the `loom` binary as a user would (a shell command line, environment prefixes allowed) and
+// captures its exit code, stdout and stderr. Shared by the CLI tests.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace loom::test {
+
+struct CliResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+// `prefix` goes before the binary (e.g. "LOOM_FAULT_INJECT=manifest" or "ulimit -f 100;").
+inline CliResult run_loom(const std::string& args, const std::string& prefix = "") {
+  namespace fs = std::filesystem;
+  static int counter = 0;
+  fs::path err = fs::temp_directory_path() / ("loom-cli-err-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  std::string cmd = "bash -c '" + prefix + " exec " + LOOM_BINARY + " " + args + " 2>" + err.string() + "'";
+  CliResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream e(err);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(err);
+  return r;
+}
+
+// A fresh, empty scratch folder unique to this process.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("loom-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+}  // namespace loom::test
