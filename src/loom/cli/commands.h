@@ -12,6 +12,9 @@ using Action = std::function<int()>;
 // Returns the action to run if the subcommand was chosen.
 void register_train(CLI::App& app, Action& action);
 void register_info(CLI::App& app, Action& action);
+void register_generate(CLI::App& app, Action& action);
+void register_plan(CLI::App& app, Action& action);
+void register_prepare(CLI::App& app, Action& action);
 
 // Threads per rank: LOOM_THREADS, else `configured` if > 0, else every core.
 int resolve_threads(int configured);

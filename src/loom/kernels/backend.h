@@ -8,6 +8,7 @@
 
 #include "loom/core/tensor.h"
 #include "loom/kernels/attention.h"
+#include "loom/kernels/attention_decode.h"
 #include "loom/profile/tracer.h"
 
 namespace loom::kernels {
@@ -50,6 +51,9 @@ class Backend {
                                  const AttentionShape& s) = 0;
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
                                   const Tensor& qkv, const AttentionShape& s) = 0;
+  // Incremental decoding over a KV cache (generation).
+  virtual void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const DecodeShape& s) = 0;
   // Fused softmax + cross-entropy: logits become dlogits * grad_scale, per-row losses written.
   virtual void softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                                      float grad_scale) = 0;

@@ -213,6 +213,16 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
                               qkv.data<float>(), s, alloc_);
 }
 
+void CpuBackend::attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  const DecodeShape& s) {
+  expect(q.numel() == s.n * s.H * s.D && out.numel() == q.numel() &&
+             k_cache.numel() >= (s.start + s.n) * s.KVH * s.D && v_cache.numel() == k_cache.numel(),
+         "attention_decode: q " + sh(q) + " / cache " + sh(k_cache) + " do not fit the decode shape");
+  auto c = attention_decode_cost(s);
+  Span span(tracer_, "attention_decode", Category::Kernel, c.flops, c.bytes);
+  kernels::attention_decode(out.data<float>(), q.data<float>(), k_cache.data<float>(), v_cache.data<float>(), s);
+}
+
 void CpuBackend::softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                                        float grad_scale) {
   const int64_t N = rows(logits), V = cols(logits);

@@ -37,6 +37,8 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
                           const Tensor& qkv, const AttentionShape& s) override;
+  void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const DecodeShape& s) override;
   void softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                              float grad_scale) override;
   void cross_entropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets) override;

@@ -204,6 +204,64 @@ void CheckpointManager::prune(const std::string& just_saved) {
     if (ours[i].string() != just_saved) fs::remove_all(ours[i], ec);
 }
 
+namespace {
+
+// Copies every tensor the manifest lists into the parameter (and, when given, optimizer) arenas,
+// verifying shape and checksum first; a damaged tensor is named and nothing is half-trusted.
+void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& params, AdamW* adam) {
+  SafetensorsFile model((dir / "model.safetensors").string());
+  std::optional<SafetensorsFile> opt;
+  if (adam) opt.emplace((dir / "optimizer.safetensors").string());
+  size_t model_tensors = 0, optimizer_tensors = 0;
+  for (auto& entry : m.at("tensors")) {
+    const std::string key = entry.at("name"), param = entry.at("param"), file = entry.at("file");
+    const bool is_model = file == "model.safetensors";
+    if (!is_model && !adam) continue;
+    model_tensors += is_model;
+    optimizer_tensors += !is_model;
+    const auto& spec = params.table().at(param);
+    const auto& e = is_model ? model.at(key) : opt->at(key);
+    if (e.dtype != DType::F32 || e.shape != spec.shape)
+      throw IoError("checkpoint tensor '" + key + "' has shape " + json(e.shape).dump() + ", the model expects " +
+                    json(spec.shape).dump());
+    if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.at("checksum").get<std::string>())
+      throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
+                    "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
+    float* dst = is_model                                 ? params.master().data<float>()
+                 : key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>()
+                                                    : adam->m().data<float>();
+    std::memcpy(dst + spec.offset, e.data, e.nbytes);
+  }
+  if (model_tensors != params.table().params().size())
+    throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(model_tensors) +
+                  " weight tensors; this model needs " + std::to_string(params.table().params().size()));
+  if (adam && optimizer_tensors != 2 * params.table().params().size())
+    throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(optimizer_tensors) +
+                  " optimizer tensors; AdamW needs two per parameter");
+}
+
+}  // namespace
+
+RunConfig checkpoint_config(const std::string& path) {
+  const fs::path dir = resolve_checkpoint(path);
+  json m = read_json(dir / "manifest.json");
+  if (m.value("format", "") != kFormat) throw IoError("'" + dir.string() + "' is not a Loom checkpoint");
+  return parse_run_config(m.at("config_toml").get<std::string>(), dir.string() + "/manifest.json");
+}
+
+std::string checkpoint_tokenizer(const std::string& path) {
+  const fs::path dir = resolve_checkpoint(path);
+  json m = read_json(dir / "manifest.json");
+  if (!m.contains("tokenizer") || !m["tokenizer"].is_object()) return "";
+  return (dir / m["tokenizer"].value("file", "tokenizer.model")).string();
+}
+
+void load_model_weights(const std::string& path, model::ParameterStore& params) {
+  const fs::path dir = resolve_checkpoint(path);
+  load_tensors(dir, read_json(dir / "manifest.json"), params, nullptr);
+  params.refresh_lowp();
+}
+
 std::string resolve_checkpoint(const std::string& path) {
   fs::path p(path);
   if (fs::exists(p / "manifest.json")) return p.string();
@@ -247,28 +305,9 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
                       ", but the data now uses " + (data.tokenizer_hash().empty() ? "none" : data.tokenizer_hash()) +
                       "; resume on data prepared with the checkpoint's tokenizer");
 
-  SafetensorsFile model((dir / "model.safetensors").string()), opt((dir / "optimizer.safetensors").string());
   auto& params = trainer.params();
   auto& adam = trainer.optimizer();
-  for (auto& entry : m.at("tensors")) {
-    const std::string key = entry.at("name"), param = entry.at("param"), file = entry.at("file");
-    const auto& spec = params.table().at(param);
-    const SafetensorsFile& f = file == "model.safetensors" ? model : opt;
-    const auto& e = f.at(key);
-    if (e.dtype != DType::F32 || e.shape != spec.shape)
-      throw IoError("checkpoint tensor '" + key + "' has shape " + json(e.shape).dump() + ", the model expects " +
-                    json(spec.shape).dump());
-    if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.at("checksum").get<std::string>())
-      throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
-                    "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
-    float* dst = file == "model.safetensors" ? params.master().data<float>()
-                 : key.rfind("exp_avg_sq.", 0) == 0 ? adam.v().data<float>()
-                                                    : adam.m().data<float>();
-    std::memcpy(dst + spec.offset, e.data, e.nbytes);
-  }
-  if (m.at("tensors").size() != 3 * params.table().params().size())
-    throw IoError("checkpoint '" + dir.string() + "' lists " + std::to_string(m.at("tensors").size()) +
-                  " tensors; this model needs " + std::to_string(3 * params.table().params().size()));
+  load_tensors(dir, m, params, &adam);
   params.refresh_lowp();
   adam.restore_steps(m.at("optimizer").at("steps").get<int64_t>());
   report.step = m.at("step").get<int64_t>();

@@ -54,4 +54,11 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer);
 // The checkpoint folder `path` names: itself if it holds a manifest, else <path>/<latest>.
 std::string resolve_checkpoint(const std::string& path);
 
+// For inference and export: the resolved config a checkpoint was trained with, its tokenizer model
+// file ("" when trained on synthetic data), and its master weights (checksums verified) loaded into
+// a ParameterStore built from that config.
+RunConfig checkpoint_config(const std::string& path);
+std::string checkpoint_tokenizer(const std::string& path);
+void load_model_weights(const std::string& path, model::ParameterStore& params);
+
 }  // namespace loom::train
