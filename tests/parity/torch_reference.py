@@ -106,8 +106,14 @@ def run_reference(d: str) -> Dict[str, torch.Tensor]:
         raise ReferenceError("input.json: every target is -1; the mean loss is undefined")
 
     model = build_model(cfg, dtype=torch.float64, init_seed=None)
-    wpath = os.path.join(d, "weights.safetensors")
+    # Optional "weights": {"file": ..., "layout": "hf"} reads a Hugging Face export: GPT-2 stores its
+    # attention and MLP projections as Conv1D, i.e. [in, out], the transpose of nn.Linear's weight.
+    wspec = spec.get("weights", {})
+    wpath = os.path.join(d, wspec.get("file", "weights.safetensors"))
     weights, _ = read_safetensors(wpath)
+    if wspec.get("layout") == "hf" and cfg.arch == "gpt2":
+        conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        weights = {k: (v.t().contiguous() if k.endswith(conv1d) else v) for k, v in weights.items()}
     load_weights_strict(model, weights, wpath)
 
     opt_spec = spec["adamw"]

@@ -13,6 +13,7 @@ using Action = std::function<int()>;
 void register_train(CLI::App& app, Action& action);
 void register_info(CLI::App& app, Action& action);
 void register_generate(CLI::App& app, Action& action);
+void register_interchange(CLI::App& app, Action& action);  // export + import
 void register_plan(CLI::App& app, Action& action);
 void register_prepare(CLI::App& app, Action& action);
 
