@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   loom::cli::register_train(app, action);
   loom::cli::register_info(app, action);
   loom::cli::register_interchange(app, action);
+  loom::cli::register_plan(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

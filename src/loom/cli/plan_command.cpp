@@ -1,0 +1,187 @@
+// `loom plan`: the planner's CLI -- search the layouts of a model on a cluster and print a ranked table
+// (or JSON), walk through the best one (--explain), show what each hardware figure is worth
+// (--sensitivity), or check the cost model against published results (--validate FILE).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "loom/cli/commands.h"
+#include "loom/error.h"
+#include "loom/plan/search.h"
+#include "loom/plan/validation.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct PlanOptions {
+  std::string model, cluster, precision = "bf16", validate;
+  int64_t seq = 0, global_batch = 0;
+  std::vector<std::string> fix;
+  int top = 10;
+  bool explain = false, json = false, sensitivity = false;
+};
+
+// configs/hardware next to the binary's source tree, the working directory, or LOOM_HARDWARE_DIR.
+std::vector<std::string> hardware_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("LOOM_HARDWARE_DIR")) dirs.emplace_back(env);
+  dirs.emplace_back("configs/hardware");
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back((exe.parent_path().parent_path() / "configs/hardware").string());
+  return dirs;
+}
+
+constexpr double GiB = double(1 << 30);
+
+std::string breakdown(const plan::StepTime& t) {
+  auto pct = [&](double x) { return 100 * x / t.total; };
+  return fmt::format("{:4.0f}% {:4.0f}% {:4.0f}% {:4.0f}%", pct(t.compute), pct(t.memory_bound), pct(t.comm_exposed),
+                     pct(t.bubble));
+}
+
+nlohmann::json to_json(const plan::Candidate& c, const plan::Job& j) {
+  const auto& t = c.time;
+  const auto& m = c.memory;
+  return {{"layout", c.layout.str()},
+          {"dp", c.layout.dp}, {"tp", c.layout.tp}, {"pp", c.layout.pp}, {"cp", c.layout.cp}, {"ep", c.layout.ep},
+          {"vpp", c.layout.vpp}, {"micro_batch", c.layout.micro_batch}, {"zero", c.layout.zero}, {"sp", c.layout.sp},
+          {"recompute", plan::recompute_name(c.layout.recompute)}, {"schedule", plan::schedule_name(c.layout.schedule)},
+          {"memory_GiB", {{"total", m.total / GiB}, {"weights", m.weights / GiB}, {"grads", m.grads / GiB},
+                          {"optimizer", m.optimizer / GiB}, {"activations", m.activations / GiB},
+                          {"logits", m.logits / GiB}, {"comm_buffers", m.comm_buffers / GiB}, {"usable", m.usable / GiB}}},
+          {"step_s", t.total}, {"tokens_per_s", plan::tokens_per_s(t, j)}, {"mfu", plan::mfu(t, j)},
+          {"breakdown_s", {{"compute", t.compute}, {"memory_bound", t.memory_bound}, {"comm_exposed", t.comm_exposed},
+                           {"bubble", t.bubble}, {"recompute", t.recompute}, {"tp", t.tp}, {"cp", t.cp}, {"ep", t.ep},
+                           {"pp", t.pp}, {"dp", t.dp}, {"zero", t.zero}}},
+          {"bound", t.bound()}};
+}
+
+void explain(const plan::Candidate& c, const plan::Job& j) {
+  const auto& t = c.time;
+  const auto& m = c.memory;
+  const auto& cfg = j.model.cfg;
+  fmt::print("\nbest layout: {} (schedule {}, recompute {})\n", c.layout.str(), plan::schedule_name(c.layout.schedule),
+             plan::recompute_name(c.layout.recompute));
+  fmt::print("  micro-batches per step {} of {} sequences; {} layers per stage\n", plan::micro_batches(c.layout, j),
+             c.layout.micro_batch, cfg.n_layers / c.layout.pp);
+  fmt::print("  memory/device {:.2f} GiB of {:.2f} usable ({:.0f}% margin kept): weights {:.2f}, grads {:.2f}, "
+             "optimizer {:.2f}, activations {:.2f}, logits {:.2f}, comm buffers {:.2f}\n",
+             m.total / GiB, m.usable / GiB, 100 * j.memory_margin, m.weights / GiB, m.grads / GiB, m.optimizer / GiB,
+             m.activations / GiB, m.logits / GiB, m.comm_buffers / GiB);
+  fmt::print("  step {:.3f} s = compute {:.3f} + memory-bound {:.3f} + exposed comm {:.3f} + bubble {:.3f}\n", t.total,
+             t.compute, t.memory_bound, t.comm_exposed, t.bubble);
+  fmt::print("  exposed comm: tp {:.3f}, cp {:.3f}, ep {:.3f}, pp {:.3f}, dp {:.3f}, zero {:.3f}; recompute {:.3f} s\n",
+             t.tp, t.cp, t.ep, t.pp, t.dp, t.zero, t.recompute);
+  fmt::print("  model FLOPs/step {:.3e}, executed {:.3e}; {:.0f} tokens/s, MFU {:.1f}% -> bound by {}\n", t.model_flops,
+             t.hardware_flops, plan::tokens_per_s(t, j), 100 * plan::mfu(t, j), t.bound());
+}
+
+int run_validate(const PlanOptions& o) {
+  auto rep = plan::validate_file(o.validate, hardware_dirs());
+  if (o.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (auto& l : rep.lines)
+      rows.push_back({{"row", l.row}, {"metric", l.metric}, {"layout", l.layout}, {"published", l.published},
+                      {"predicted", l.predicted}, {"error", l.error()}, {"constant", l.constant}});
+    fmt::print("{}\n", nlohmann::json{{"rows", rows}, {"throughput_mean_error", rep.throughput_mean},
+                                      {"throughput_worst_error", rep.throughput_worst},
+                                      {"constant_utilisation", rep.constant_utilisation},
+                                      {"constant_mean_error", rep.constant_mean},
+                                      {"constant_worst_error", rep.constant_worst},
+                                      {"speedup_worst_error", rep.speedup_worst}, {"memory_worst_error", rep.memory_worst}}
+                                .dump(2));
+    return 0;
+  }
+  fmt::print("{:<17} {:<34} {:<26} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "row", "metric", "layout (planner)", "published",
+             "predicted", "error", "constant", "error");
+  for (auto& l : rep.lines) {
+    std::string cst = l.throughput ? fmt::format("{:>10.3g} {:>6.1f}%", l.constant, 100 * l.constant_error()) : "";
+    fmt::print("{:<17} {:<34} {:<26} {:>10.4g} {:>10.4g} {:>6.1f}% {}\n", l.row, l.metric, l.layout, l.published,
+               l.predicted, 100 * l.error(), cst);
+  }
+  fmt::print("\nthroughput rows: mean error {:.1f}%, worst {:.1f}% (goal <= 10% / 20%)\n", 100 * rep.throughput_mean,
+             100 * rep.throughput_worst);
+  fmt::print("best constant predictor (hardware-FLOP utilisation {:.1f}%): mean {:.1f}%, worst {:.1f}% -> model/constant "
+             "= {:.2f} (goal <= 0.5)\n",
+             100 * rep.constant_utilisation, 100 * rep.constant_mean, 100 * rep.constant_worst,
+             rep.throughput_mean / rep.constant_mean);
+  fmt::print("Table 5 full->selective speed-ups: worst error {:.1f}% (goal <= 5%); Figure 1 memory: worst error {:.1f}% "
+             "(goal <= 10%)\n",
+             100 * rep.speedup_worst, 100 * rep.memory_worst);
+  return 0;
+}
+
+int run_plan(const PlanOptions& o) {
+  if (!o.validate.empty()) return run_validate(o);
+  if (o.model.empty() || o.cluster.empty() || o.seq == 0 || o.global_batch == 0)
+    throw ConfigError("loom plan needs --model, --cluster, --seq and --global-batch (or --validate FILE)");
+  plan::Job job;
+  job.model = plan::plan_model(o.model);
+  job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
+  job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision;
+  plan::Fixed fixed;
+  for (auto& f : o.fix) plan::apply_fix(fixed, f);
+  auto r = plan::search(job, fixed, o.top);
+  if (o.json) {
+    nlohmann::json out{{"model", o.model}, {"cluster", job.cluster.hw.name}, {"devices", job.cluster.devices},
+                       {"seq", o.seq}, {"global_batch", o.global_batch}, {"precision", o.precision},
+                       {"evaluated", r.evaluated}, {"feasible", r.feasible}};
+    for (auto& [reason, n] : r.rejected) out["rejected"][std::string(plan::reject_name(reason))] = n;
+    for (auto& c : r.ranked) out["layouts"].push_back(to_json(c, job));
+    if (o.sensitivity)
+      for (auto& s : plan::sensitivity(job, fixed, r.ranked.front().layout))
+        out["sensitivity"].push_back({{"figure", s.figure}, {"factor", s.factor}, {"step_s", s.same_layout},
+                                      {"replanned_step_s", s.replanned}});
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  const auto params = plan::count_params(job.model);
+  fmt::print("{} ({:.2f} B parameters) on {} x {} ({} per node), seq {}, global batch {}, {}\n", o.model,
+             params.total * 1e-9, job.cluster.devices, job.cluster.hw.device.name, job.cluster.hw.devices_per_node, o.seq,
+             o.global_batch, o.precision);
+  fmt::print("{} layouts evaluated, {} feasible", r.evaluated, r.feasible);
+  for (auto& [reason, n] : r.rejected) fmt::print("; {} {} (e.g. {})", n, plan::reject_name(reason), r.example[reason]);
+  fmt::print("\n\n{:>3} {:<34} {:>9} {:>9} {:>11} {:>6}  {:<24} {}\n", "#", "layout", "mem GiB", "step s", "tokens/s",
+             "MFU", "comp  mem  comm bubble", "bound");
+  int i = 0;
+  for (auto& c : r.ranked)
+    fmt::print("{:>3} {:<34} {:>9.2f} {:>9.3f} {:>11.0f} {:>5.1f}%  {:<24} {}\n", ++i, c.layout.str(), c.memory.total / GiB,
+               c.time.total, plan::tokens_per_s(c.time, job), 100 * plan::mfu(c.time, job), breakdown(c.time),
+               c.time.bound());
+  if (o.explain) explain(r.ranked.front(), job);
+  if (o.sensitivity) {
+    const double base = r.ranked.front().time.total;
+    fmt::print("\nsensitivity of {} (step {:.3f} s): step time when one figure changes\n", r.ranked.front().layout.str(), base);
+    fmt::print("  {:<20} {:>6} {:>14} {:>16}\n", "figure", "x", "same layout", "re-planned");
+    for (auto& s : plan::sensitivity(job, fixed, r.ranked.front().layout)) {
+      auto cell = [&](double v) { return v > 0 ? fmt::format("{:.3f} s ({:+.0f}%)", v, 100 * (v / base - 1)) : std::string("does not fit"); };
+      fmt::print("  {:<20} {:>6} {:>14} {:>16}\n", s.figure, s.factor, cell(s.same_layout), cell(s.replanned));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("plan", "Pick the fastest parallel layout for a model on a cluster (cost model)");
+  auto o = std::make_shared<PlanOptions>();
+  cmd->add_option("--model", o->model, "model: a Loom preset or a zoo name (gpt3-175b, llama3-70b, mixtral-8x7b, ...)");
+  cmd->add_option("--cluster", o->cluster, "NAME[:DEVICES] from configs/hardware (a100, h100, trn1, trn2) or FILE.toml[:DEVICES]");
+  cmd->add_option("--seq", o->seq, "sequence length");
+  cmd->add_option("--global-batch", o->global_batch, "sequences per step");
+  cmd->add_option("--precision", o->precision, "GEMM precision: bf16 | fp8")->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--fix", o->fix, "pin a layout knob: dp= tp= pp= cp= ep= v= mb= zero= sp= recompute= schedule=");
+  cmd->add_option("--top", o->top, "how many layouts to list");
+  cmd->add_flag("--explain", o->explain, "walk through the best layout's numbers");
+  cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_flag("--sensitivity", o->sensitivity, "step time of the best layout with each hardware figure x2 and x0.5");
+  cmd->add_option("--validate", o->validate, "compare the cost model with published results in FILE");
+  cmd->callback([&action, o] { action = [o] { return run_plan(*o); }; });
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,190 @@
+#include "loom/plan/hardware.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/error.h"
+
+namespace loom::plan {
+
+namespace fs = std::filesystem;
+
+std::string_view topology_name(Topology t) {
+  switch (t) {
+    case Topology::Ring: return "ring";
+    case Topology::Torus: return "torus";
+    case Topology::Switch: return "switch";
+  }
+  return "?";
+}
+
+double Hardware::peak(const std::string& precision) const {
+  double p = precision == "bf16" ? device.peak_bf16
+             : precision == "fp8" ? device.peak_fp8
+             : precision == "f32" ? device.peak_f32
+                                  : -1;
+  if (p < 0) throw ConfigError("precision '" + precision + "' is not known (valid: bf16, fp8, f32)");
+  if (p <= 0) throw ConfigError("hardware '" + name + "' has no " + precision + " peak (set device.peak_tflops." + precision + ")");
+  return p;
+}
+
+namespace {
+
+struct Reader {
+  const toml::table& root;
+  const std::string& origin;
+
+  const toml::node* find(const std::string& path) const {
+    auto v = root.at_path(path);
+    return v.node();
+  }
+  double number(const std::string& path, bool required = true, double fallback = 0) const {
+    const toml::node* n = find(path);
+    if (!n) {
+      if (required) throw ConfigError(origin + ": missing '" + path + "' (a number)");
+      return fallback;
+    }
+    if (auto d = n->value<double>()) {
+      if (*d < 0) throw ConfigError(fmt::format("{}: '{}' = {} must not be negative", origin, path, *d));
+      return *d;
+    }
+    throw ConfigError(origin + ": '" + path + "' must be a number");
+  }
+  std::string string(const std::string& path, const std::string& fallback) const {
+    const toml::node* n = find(path);
+    if (!n) return fallback;
+    if (auto s = n->value<std::string>()) return *s;
+    throw ConfigError(origin + ": '" + path + "' must be a string");
+  }
+  Topology topology(const std::string& path) const {
+    std::string t = string(path, "switch");
+    if (t == "ring") return Topology::Ring;
+    if (t == "torus") return Topology::Torus;
+    if (t == "switch") return Topology::Switch;
+    throw ConfigError(origin + ": '" + path + "' = '" + t + "' is not known (valid: ring, torus, switch)");
+  }
+};
+
+}  // namespace
+
+Hardware parse_hardware(const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}: line {}: {}", origin, e.source().begin.line, e.description()));
+  }
+  Reader r{root, origin};
+  Hardware hw;
+  hw.name = r.string("name", fs::path(origin).stem().string());
+  hw.source = r.string("source", origin);
+  hw.device.name = r.string("device.name", hw.name);
+  constexpr double T = 1e12, G = 1e9;
+  hw.device.peak_bf16 = r.number("device.peak_tflops.bf16") * T;
+  hw.device.peak_fp8 = r.number("device.peak_tflops.fp8", false) * T;
+  hw.device.peak_f32 = r.number("device.peak_tflops.f32", false) * T;
+  hw.device.memory_bytes = r.number("device.memory_GiB") * double(1ull << 30);
+  hw.device.memory_bandwidth = r.number("device.memory_bandwidth_GBps") * G;
+  double per_node = r.number("node.devices");
+  if (per_node < 1 || per_node != static_cast<int>(per_node))
+    throw ConfigError(fmt::format("{}: 'node.devices' = {} must be a positive integer", origin, per_node));
+  hw.devices_per_node = static_cast<int>(per_node);
+  hw.intra_node = {r.number("intra_node.bandwidth_GBps") * G, r.number("intra_node.latency_us") * 1e-6,
+                   r.topology("intra_node.topology")};
+  hw.inter_node = {r.number("inter_node.bandwidth_GBps") * G, r.number("inter_node.latency_us") * 1e-6,
+                   Topology::Switch};
+  Efficiency e;
+  e.gemm_max = r.number("efficiency.gemm_max", false, e.gemm_max);
+  e.gemm_half_dim = r.number("efficiency.gemm_half_dim", false, e.gemm_half_dim);
+  e.memory = r.number("efficiency.memory", false, e.memory);
+  e.link = r.number("efficiency.link", false, e.link);
+  for (double f : {e.gemm_max, e.memory, e.link})
+    if (f <= 0 || f > 1) throw ConfigError(origin + ": efficiency figures must lie in (0, 1]");
+  hw.efficiency = e;
+  if (hw.device.peak_bf16 <= 0 || hw.device.memory_bytes <= 0 || hw.device.memory_bandwidth <= 0 ||
+      hw.intra_node.bandwidth <= 0 || hw.inter_node.bandwidth <= 0)
+    throw ConfigError(origin + ": peaks, memory, bandwidths must be positive");
+  return hw;
+}
+
+Hardware load_hardware(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read hardware file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hardware(ss.str(), path);
+}
+
+std::string hardware_to_toml(const Hardware& hw, const std::string& header) {
+  std::string out;
+  std::istringstream lines(header);
+  for (std::string l; std::getline(lines, l);) out += "# " + l + "\n";
+  const double T = 1e12, G = 1e9;
+  out += fmt::format("name = \"{}\"\nsource = \"{}\"\n\n", hw.name, hw.source);
+  out += fmt::format("[device]\nname = \"{}\"\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", hw.device.name,
+                     hw.device.memory_bytes / double(1ull << 30), hw.device.memory_bandwidth / G);
+  out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n\n", hw.device.peak_bf16 / T,
+                     hw.device.peak_fp8 / T, hw.device.peak_f32 / T);
+  out += fmt::format("[node]\ndevices = {}\n\n", hw.devices_per_node);
+  out += fmt::format("[intra_node]\nbandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\ntopology = \"{}\"\n\n",
+                     hw.intra_node.bandwidth / G, hw.intra_node.latency * 1e6, topology_name(hw.intra_node.topology));
+  out += fmt::format("[inter_node]\nbandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\n\n", hw.inter_node.bandwidth / G,
+                     hw.inter_node.latency * 1e6);
+  out += fmt::format("[efficiency]\ngemm_max = {:.4g}\ngemm_half_dim = {:.4g}\nmemory = {:.4g}\nlink = {:.4g}\n",
+                     hw.efficiency.gemm_max, hw.efficiency.gemm_half_dim, hw.efficiency.memory, hw.efficiency.link);
+  return out;
+}
+
+std::vector<std::string> known_hardware(const std::vector<std::string>& dirs) {
+  std::vector<std::string> names;
+  for (auto& d : dirs) {
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+Cluster resolve_cluster(const std::string& spec, const std::vector<std::string>& dirs) {
+  std::string name = spec;
+  int devices = 0;
+  if (auto colon = spec.rfind(':'); colon != std::string::npos) {
+    name = spec.substr(0, colon);
+    std::string n = spec.substr(colon + 1);
+    try {
+      size_t used = 0;
+      devices = std::stoi(n, &used);
+      if (used != n.size() || devices < 1) throw std::invalid_argument(n);
+    } catch (const std::exception&) {
+      throw ConfigError("--cluster '" + spec + "': device count '" + n + "' must be a positive integer");
+    }
+  }
+  std::string path;
+  if (name.size() > 5 && name.ends_with(".toml")) {
+    path = name;
+  } else {
+    for (auto& d : dirs)
+      if (fs::exists(fs::path(d) / (name + ".toml"))) {
+        path = (fs::path(d) / (name + ".toml")).string();
+        break;
+      }
+  }
+  if (path.empty()) {
+    std::string valid;
+    for (auto& n : known_hardware(dirs)) valid += (valid.empty() ? "" : ", ") + n;
+    throw ConfigError("unknown cluster '" + name + "' (valid: " + (valid.empty() ? "none found" : valid) +
+                      "; or a path to a hardware .toml, optionally followed by :DEVICES)");
+  }
+  Cluster c{load_hardware(path), devices};
+  if (c.devices == 0) c.devices = c.hw.devices_per_node;
+  return c;
+}
+
+}  // namespace loom::plan

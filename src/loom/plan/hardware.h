@@ -1,0 +1,68 @@
+// Hardware descriptions for the planner: one device (peak FLOP/s per dtype, memory, bandwidth), how
+// many sit in a node, the intra-node link and the inter-node network, plus the efficiency figures that
+// turn peaks into achievable rates. Read from configs/hardware/*.toml; `loom calibrate` writes the same.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::plan {
+
+enum class Topology { Ring, Torus, Switch };
+std::string_view topology_name(Topology t);
+
+struct Link {
+  double bandwidth = 0;  // bytes/s per device per direction (what a ring step can push)
+  double latency = 0;    // seconds per message hop (alpha)
+  Topology topology = Topology::Switch;
+};
+
+// How close real kernels and collectives get to the vendor peaks. One set per device, shared by every
+// layout and every validation row (never tuned per row); docs/planner.md says where each comes from.
+struct Efficiency {
+  double gemm_max = 0.85;      // best fraction of peak a large GEMM reaches
+  double gemm_half_dim = 96;   // a GEMM dimension of this size halves the efficiency it costs (d/(d+half))
+  double memory = 0.80;        // fraction of memory bandwidth a streaming kernel reaches
+  double link = 0.80;          // bus bandwidth a large collective reaches / link bandwidth
+};
+
+struct DeviceSpec {
+  std::string name;
+  double peak_f32 = 0, peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s (dense)
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;  // bytes/s
+};
+
+struct Hardware {
+  std::string name;    // short name, e.g. "h100"
+  std::string source;  // where the figures came from (file, "calibrate", vendor docs)
+  DeviceSpec device;
+  int devices_per_node = 1;
+  Link intra_node;
+  Link inter_node;  // per device
+  Efficiency efficiency;
+
+  double peak(const std::string& precision) const;  // "f32" | "bf16" | "fp8"; throws ConfigError
+};
+
+// A cluster: `count` devices of one kind.
+struct Cluster {
+  Hardware hw;
+  int devices = 0;
+  int nodes() const { return (devices + hw.devices_per_node - 1) / hw.devices_per_node; }
+};
+
+// Parses a hardware TOML document; `origin` names it in errors. Throws ConfigError on missing or
+// invalid fields (naming the key and what would be valid).
+Hardware parse_hardware(const std::string& toml_text, const std::string& origin);
+Hardware load_hardware(const std::string& path);
+// Writes `hw` in the format parse_hardware reads (round-trips).
+std::string hardware_to_toml(const Hardware& hw, const std::string& header_comment);
+
+// Resolves "NAME[:DEVICES]" or "PATH.toml[:DEVICES]": NAME is looked up as NAME.toml in `search_dirs`.
+// DEVICES defaults to one node. Throws ConfigError listing the known names when nothing matches.
+Cluster resolve_cluster(const std::string& spec, const std::vector<std::string>& search_dirs);
+std::vector<std::string> known_hardware(const std::vector<std::string>& search_dirs);
+
+}  // namespace loom::plan

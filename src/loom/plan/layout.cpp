@@ -1,0 +1,93 @@
+#include "loom/plan/layout.h"
+
+#include <fmt/format.h>
+
+#include "loom/error.h"
+
+namespace loom::plan {
+
+std::string_view recompute_name(Recompute r) {
+  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
+}
+std::string_view schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::GPipe: return "gpipe";
+    case Schedule::OneFOneB: return "1f1b";
+    case Schedule::Interleaved: return "interleaved";
+    case Schedule::ZeroBubble: return "zero-bubble";
+  }
+  return "?";
+}
+std::string_view reject_name(Reject r) {
+  switch (r) {
+    case Reject::None: return "ok";
+    case Reject::Divisibility: return "does not divide the model";
+    case Reject::Batch: return "does not divide the batch";
+    case Reject::Memory: return "does not fit in memory";
+  }
+  return "?";
+}
+
+std::string Layout::str() const {
+  std::string s = fmt::format("dp{} tp{} pp{}", dp, tp, pp);
+  if (cp > 1) s += fmt::format(" cp{}", cp);
+  if (ep > 1) s += fmt::format(" ep{}", ep);
+  if (vpp > 1) s += fmt::format(" v{}", vpp);
+  s += fmt::format(" mb{}", micro_batch);
+  if (zero) s += fmt::format(" z{}", zero);
+  s += recompute == Recompute::None ? "" : recompute == Recompute::Selective ? " sel" : " full";
+  if (sp) s += " sp";
+  if (pp > 1 && schedule != Schedule::OneFOneB && schedule != Schedule::Interleaved)
+    s += fmt::format(" {}", schedule_name(schedule));
+  return s;
+}
+
+void check_job(const Job& j) {
+  const auto& c = j.model.cfg;
+  if (j.seq < 1) throw ConfigError(fmt::format("--seq = {} must be positive", j.seq));
+  if (j.seq > c.max_seq)
+    throw ConfigError(fmt::format("--seq = {} exceeds model '{}' context of {} tokens", j.seq, c.name, c.max_seq));
+  if (j.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be positive", j.global_batch));
+  if (j.cluster.devices < 1) throw ConfigError("the cluster has no devices");
+  j.cluster.hw.peak(j.precision);  // throws for unknown / missing precision
+  if (j.memory_margin < 0 || j.memory_margin >= 1)
+    throw ConfigError(fmt::format("memory margin {} must lie in [0, 1)", j.memory_margin));
+}
+
+Verdict check_layout(const Layout& l, const Job& j) {
+  const auto& c = j.model.cfg;
+  auto div = [](std::string why) { return Verdict{Reject::Divisibility, std::move(why)}; };
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.cp < 1 || l.ep < 1 || l.vpp < 1 || l.micro_batch < 1)
+    return div("every degree must be >= 1");
+  if (l.devices() != j.cluster.devices)
+    return div(fmt::format("dp*tp*pp*cp = {} but the cluster has {} devices", l.devices(), j.cluster.devices));
+  if (c.n_heads % l.tp || c.n_kv_heads % l.tp)
+    return div(fmt::format("tp = {} does not divide {} heads / {} KV heads", l.tp, c.n_heads, c.n_kv_heads));
+  if (c.d_ff % l.tp) return div(fmt::format("tp = {} does not divide d_ff = {}", l.tp, c.d_ff));
+  // The vocabulary is not checked: Megatron-style vocab-parallel embeddings pad it to a multiple of tp.
+  if (c.n_layers % (int64_t(l.pp) * l.vpp))
+    return div(fmt::format("pp * vpp = {} does not divide {} layers", l.pp * l.vpp, c.n_layers));
+  if (l.vpp > 1 && (l.pp == 1 || l.schedule != Schedule::Interleaved))
+    return div("virtual stages need pp > 1 and the interleaved schedule");
+  if (l.schedule == Schedule::Interleaved && l.vpp == 1) return div("the interleaved schedule needs vpp > 1");
+  if (j.seq % (2 * l.cp) && l.cp > 1)
+    return div(fmt::format("cp = {} needs seq divisible by 2*cp (load-balanced causal chunks)", l.cp));
+  if (l.sp && l.tp == 1) return div("sequence parallelism needs tp > 1");
+  if (l.sp && (j.seq / l.cp) % l.tp) return div("sequence parallelism needs seq/cp divisible by tp");
+  if (l.zero < 0 || l.zero > 3) return div("ZeRO stage must be 0..3");
+  if (l.zero > 0 && l.dp == 1) return div("ZeRO needs dp > 1");
+  if (l.ep > 1) {
+    if (!j.model.is_moe()) return div("ep > 1 needs a mixture-of-experts model");
+    if (j.model.n_experts % l.ep || l.dp % l.ep)
+      return div(fmt::format("ep = {} must divide {} experts and dp = {}", l.ep, j.model.n_experts, l.dp));
+  }
+  if (j.global_batch % (int64_t(l.dp) * l.micro_batch))
+    return {Reject::Batch, fmt::format("global batch {} is not a multiple of dp * micro_batch = {}", j.global_batch,
+                                       int64_t(l.dp) * l.micro_batch)};
+  const int64_t m = micro_batches(l, j);
+  if (l.schedule == Schedule::Interleaved && m % l.pp)
+    return {Reject::Batch, fmt::format("interleaving needs micro-batches ({}) divisible by pp = {}", m, l.pp)};
+  return {};
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,70 @@
+// A parallel layout (how one training step is spread over devices) and the job it serves, plus the
+// divisibility / batch rules a layout must satisfy. Mesh order, innermost first: tp, cp, dp, pp (tp
+// inside a node, as Megatron-LM and TorchTitan place it); ep is drawn from dp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "loom/plan/hardware.h"
+#include "loom/plan/model_zoo.h"
+
+namespace loom::plan {
+
+enum class Recompute { None, Selective, Full };
+enum class Schedule { GPipe, OneFOneB, Interleaved, ZeroBubble };
+std::string_view recompute_name(Recompute r);
+std::string_view schedule_name(Schedule s);
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int vpp = 1;              // virtual stages per device (interleaved schedule); 1 otherwise
+  int micro_batch = 1;      // sequences per micro-batch per dp rank
+  int zero = 0;             // ZeRO stage 0..3 over dp
+  bool sp = false;          // sequence parallelism (needs tp > 1)
+  Recompute recompute = Recompute::None;
+  Schedule schedule = Schedule::OneFOneB;
+
+  int devices() const { return dp * tp * pp * cp; }
+  std::string str() const;  // "dp4 tp8 pp2 v3 mb1 z1 sel sp"
+};
+
+// The software being modelled: what overlaps with what, which attention kernel. Loom's defaults are
+// a modern stack; validation rows describe Megatron-LM as it ran in 2021-22 (docs/planner.md).
+struct Software {
+  bool flash_attention = true;  // false: the T x T scores are written to memory (Megatron 2021-22)
+  bool dropout = false;         // dropout after attention and MLP (masks stored, bytes moved)
+  bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
+  bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
+  double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
+};
+
+struct Job {
+  PlanModel model;
+  Cluster cluster;
+  int64_t seq = 2048;
+  int64_t global_batch = 512;  // sequences per step
+  std::string precision = "bf16";  // GEMM precision: bf16 | fp8
+  Software software;
+  double memory_margin = 0.10;  // fraction of device memory kept free (allocator fragmentation, runtime, NCCL)
+};
+
+// Validates the job itself (seq within the model, batch positive, ...). Throws ConfigError.
+void check_job(const Job& job);
+
+enum class Reject { None, Divisibility, Batch, Memory };
+std::string_view reject_name(Reject r);
+struct Verdict {
+  Reject reject = Reject::None;
+  std::string why;
+  bool ok() const { return reject == Reject::None; }
+};
+// Divisibility and batch rules (not memory): heads and KV heads and d_ff by tp, layers by pp * vpp,
+// seq by cp, experts by ep, devices = dp*tp*pp*cp, global batch by dp * micro_batch, ...
+Verdict check_layout(const Layout& l, const Job& job);
+
+// Micro-batches per step per pipeline.
+inline int64_t micro_batches(const Layout& l, const Job& j) { return j.global_batch / (int64_t(l.dp) * l.micro_batch); }
+
+}  // namespace loom::plan

@@ -1,0 +1,123 @@
+#include "loom/plan/memory_model.h"
+
+#include <algorithm>
+
+namespace loom::plan {
+
+double activation_bytes_per_layer(const Layout& l, const Job& j) {
+  const auto& c = j.model.cfg;
+  const double s = static_cast<double>(j.seq) / l.cp;  // local sequence
+  const double b = l.micro_batch, h = static_cast<double>(c.d_model), t = l.tp;
+  const double sbh = s * b * h;
+  const double kv = static_cast<double>(c.n_kv_heads) / c.n_heads;  // K and V width relative to Q
+  const double F = static_cast<double>(c.d_ff) / h;
+  const double k = static_cast<double>(j.model.top_k);  // each token passes through top_k expert MLPs
+  const bool gpt2 = c.arch == spec::Arch::GPT2;
+  if (l.recompute == Recompute::Full) return 2.0 * sbh / (l.sp ? t : 1.0);  // only the layer input
+  // Per sbh element, bytes (16-bit activations, 1-byte dropout masks), Korthikanti et al. section 4:
+  // replicated across TP ranks unless SP: two norm inputs (4), attention and MLP inputs (4), masks (2).
+  double replicated = 8 + (j.software.dropout ? 2 : 0);
+  // Split by TP: Q (2), K and V (4 * kv), attention output (2); MLP hidden: GeLU input and output
+  // (4 * F), or SwiGLU gate, up and product (6 * F), times top_k for MoE.
+  double split = 4 + 4 * kv + (gpt2 ? 4 * F : 6 * F) * k;
+  if (j.model.is_moe()) replicated += 2;  // router input copy
+  double per_sbh = (l.sp ? replicated / t : replicated) + split / t;
+  double bytes = sbh * per_sbh;
+  // Attention scores: softmax output (2) + dropout mask (1) + dropout output (2) = 5 a s^2 b bytes when
+  // the T x T matrix is materialised and not recomputed; flash attention keeps only the fp32 row
+  // statistics. Selective recompute drops exactly this term.
+  const double heads = static_cast<double>(c.n_heads) / t;
+  if (!j.software.flash_attention && l.recompute == Recompute::None)
+    bytes += (j.software.dropout ? 5.0 : 2.0) * heads * s * static_cast<double>(j.seq) * b;
+  if (j.software.flash_attention) bytes += 4.0 * heads * s * b;
+  return bytes;
+}
+
+double in_flight_micro_batches(const Layout& l, const Job& j) {
+  const double m = static_cast<double>(micro_batches(l, j)), p = l.pp;
+  if (l.pp == 1) return 1;
+  switch (l.schedule) {
+    case Schedule::GPipe: return m;  // every forward before any backward
+    case Schedule::OneFOneB:
+    case Schedule::ZeroBubble:  // ZB-H1 keeps 1F1B's peak (Qi et al. 2023)
+      return std::min(m, p);
+    case Schedule::Interleaved:  // Korthikanti et al.: first stage holds (1 + (p-1)/(p v)) x p micro-batches
+      return std::min(m, p) * (1 + (p - 1) / (p * l.vpp));
+  }
+  return p;
+}
+
+StageParams stage_params(const Layout& l, const Job& j, bool last) {
+  const auto& c = j.model.cfg;
+  ParamCounts pc = count_params(j.model);
+  const double layers = static_cast<double>(c.n_layers) / l.pp;
+  StageParams sp;
+  const double dense_layer = static_cast<double>(pc.per_layer - pc.per_layer_expert);
+  sp.dense = layers * dense_layer / l.tp;
+  sp.expert = layers * static_cast<double>(pc.per_layer_expert) / (double(l.tp) * l.ep);
+  // Vocab-parallel embedding on the first stage; the LM head (or the tied embedding's copy) and the
+  // final norm on the last. With pp = 1 both sit on the one stage (a tied embedding is stored once).
+  const double embed = static_cast<double>(pc.embedding) / l.tp;
+  const double head = static_cast<double>(pc.lm_head ? pc.lm_head : c.vocab_size * c.d_model) / l.tp;
+  if (l.pp == 1) {
+    sp.dense += embed + static_cast<double>(pc.final_norm) + static_cast<double>(pc.lm_head) / l.tp;
+  } else if (last) {
+    sp.dense += head + static_cast<double>(pc.final_norm);
+  } else {
+    sp.dense += embed;
+  }
+  return sp;
+}
+
+namespace {
+
+MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
+  const StateBytes sb;
+  const StageParams p = stage_params(l, j, last);
+  const double dp = l.dp, edp = static_cast<double>(l.dp) / l.ep;  // experts replicate over dp/ep
+  auto shard = [&](double bytes_per_param, int from_stage) {
+    return l.zero >= from_stage ? p.dense * bytes_per_param / dp + p.expert * bytes_per_param / edp
+                                : (p.dense + p.expert) * bytes_per_param;
+  };
+  MemoryBreakdown m;
+  m.weights = shard(sb.weight, 3);
+  m.grads = shard(sb.grad, 2);
+  m.optimizer = shard(sb.optimizer, 1);
+
+  const auto& c = j.model.cfg;
+  const double layers = static_cast<double>(c.n_layers) / l.pp;
+  const double per_layer = activation_bytes_per_layer(l, j);
+  const double s = static_cast<double>(j.seq) / l.cp, b = l.micro_batch, h = static_cast<double>(c.d_model);
+  // The last stage runs each micro-batch's backward right after its forward: one in flight.
+  const double in_flight = last && l.pp > 1 ? 1.0 : in_flight_micro_batches(l, j);
+  m.activations = layers * per_layer * in_flight;
+  if (last) m.logits = s * b * static_cast<double>(c.vocab_size) / l.tp * (2 + 4);  // bf16 logits + fp32 softmax
+
+  // Communication buffers: the SP/TP all-gathered layer input (bf16, full sequence), pipeline send and
+  // receive buffers, ZeRO-3's prefetched layer (two layers of bf16 weights), the EP dispatch buffers.
+  double comm = 0;
+  if (l.tp > 1) comm += 2 * s * b * h * 2;
+  if (l.pp > 1) comm += 2 * 2 * s * b * h * 2 / (l.tp > 1 ? l.tp : 1);
+  if (l.zero == 3) comm += 2 * (p.dense + p.expert) / layers * sb.weight;
+  if (j.model.is_moe()) comm += 2 * 2 * s * b * h * static_cast<double>(j.model.top_k) * 2;
+  m.comm_buffers = comm;
+  m.total = m.state() + m.activations + m.logits + m.comm_buffers;
+  m.usable = j.cluster.hw.device.memory_bytes * (1 - j.memory_margin);
+  return m;
+}
+
+}  // namespace
+
+MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
+  MemoryBreakdown first = stage_memory(l, j, false);
+  if (l.pp == 1) {
+    MemoryBreakdown only = stage_memory(l, j, true);  // one stage holds embedding, layers and head
+    only.activations = first.activations;
+    only.total = only.state() + only.activations + only.logits + only.comm_buffers;
+    return only;
+  }
+  MemoryBreakdown last = stage_memory(l, j, true);
+  return last.total > first.total ? last : first;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,128 @@
+#include "loom/plan/model_zoo.h"
+
+#include <functional>
+#include <map>
+
+#include "loom/error.h"
+
+namespace loom::plan {
+
+namespace {
+
+spec::TransformerConfig llama(const std::string& name, int64_t vocab, int64_t seq, int64_t d, int64_t layers,
+                              int64_t heads, int64_t kv, int64_t ff, float theta) {
+  spec::TransformerConfig c;
+  c.name = name, c.arch = spec::Arch::Llama, c.tie_embeddings = false;
+  c.vocab_size = vocab, c.max_seq = seq, c.d_model = d, c.n_layers = layers, c.n_heads = heads, c.n_kv_heads = kv;
+  c.d_ff = ff, c.rope_theta = theta;
+  return c;
+}
+
+// Large models, by name. Shapes from the papers / model cards named in `source`.
+const std::map<std::string, std::function<PlanModel()>>& zoo() {
+  static const std::map<std::string, std::function<PlanModel()>> z = {
+      {"gpt3-175b",
+       [] {
+         PlanModel m = megatron_gpt("gpt3-175b", 96, 12288, 96, 2048);
+         m.cfg.vocab_size = 50257;
+         m.source = "Brown et al. 2020, Table 2.1";
+         return m;
+       }},
+      // Megatron-LM SC21 Table 1 and Korthikanti et al. Table 3 sizes (vocab 51,200, seq 2048).
+      {"megatron-1.7b", [] { return megatron_gpt("megatron-1.7b", 24, 2304, 24, 2048); }},
+      {"megatron-3.6b", [] { return megatron_gpt("megatron-3.6b", 30, 3072, 32, 2048); }},
+      {"megatron-7.5b", [] { return megatron_gpt("megatron-7.5b", 36, 4096, 32, 2048); }},
+      {"megatron-18b", [] { return megatron_gpt("megatron-18b", 40, 6144, 48, 2048); }},
+      {"megatron-22b", [] { return megatron_gpt("megatron-22b", 48, 6144, 64, 2048); }},
+      {"megatron-39b", [] { return megatron_gpt("megatron-39b", 48, 8192, 64, 2048); }},
+      {"megatron-76b", [] { return megatron_gpt("megatron-76b", 60, 10240, 80, 2048); }},
+      {"megatron-145b", [] { return megatron_gpt("megatron-145b", 80, 12288, 96, 2048); }},
+      {"megatron-175b", [] { return megatron_gpt("megatron-175b", 96, 12288, 96, 2048); }},
+      {"megatron-310b", [] { return megatron_gpt("megatron-310b", 96, 16384, 128, 2048); }},
+      {"megatron-530b", [] { return megatron_gpt("megatron-530b", 105, 20480, 128, 2048); }},
+      {"megatron-1t", [] { return megatron_gpt("megatron-1t", 128, 25600, 160, 2048); }},
+      {"llama3-8b",
+       [] {
+         return PlanModel{llama("llama3-8b", 128256, 8192, 4096, 32, 32, 8, 14336, 500000), 1, 1,
+                          "Llama 3 model card / Dubey et al. 2024 Table 3"};
+       }},
+      {"llama3-70b",
+       [] {
+         return PlanModel{llama("llama3-70b", 128256, 8192, 8192, 80, 64, 8, 28672, 500000), 1, 1,
+                          "Llama 3 model card / Dubey et al. 2024 Table 3"};
+       }},
+      {"llama3-405b",
+       [] {
+         return PlanModel{llama("llama3-405b", 128256, 8192, 16384, 126, 128, 8, 53248, 500000), 1, 1,
+                          "Dubey et al. 2024 Table 3"};
+       }},
+      {"mixtral-8x7b",
+       [] {
+         return PlanModel{llama("mixtral-8x7b", 32000, 4096, 4096, 32, 32, 8, 14336, 1e6), 8, 2,
+                          "Jiang et al. 2024 (Mixtral of Experts), Table 1"};
+       }},
+  };
+  return z;
+}
+
+}  // namespace
+
+PlanModel megatron_gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t heads, int64_t seq) {
+  PlanModel m;
+  m.cfg.name = name, m.cfg.arch = spec::Arch::GPT2, m.cfg.tie_embeddings = true;
+  m.cfg.vocab_size = 51200, m.cfg.max_seq = seq, m.cfg.d_model = hidden, m.cfg.n_layers = layers;
+  m.cfg.n_heads = heads, m.cfg.n_kv_heads = heads, m.cfg.d_ff = 4 * hidden;
+  m.source = "Megatron-LM (Narayanan et al. SC21 Table 1; Korthikanti et al. 2022 Table 3)";
+  return m;
+}
+
+std::vector<std::string> plan_model_names() {
+  std::vector<std::string> names = spec::preset_names();
+  for (auto& [n, f] : zoo()) names.push_back(n);
+  return names;
+}
+
+PlanModel plan_model(const std::string& name) {
+  if (auto it = zoo().find(name); it != zoo().end()) {
+    PlanModel m = it->second();
+    m.cfg.validate();
+    return m;
+  }
+  for (auto& p : spec::preset_names())
+    if (p == name) return PlanModel{spec::preset(name), 1, 1, "Loom preset (spec/transformer_config.cpp)"};
+  std::string valid;
+  for (auto& n : plan_model_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw ConfigError("unknown model '" + name + "' (valid: " + valid + ")");
+}
+
+ParamCounts count_params(const PlanModel& m) {
+  const auto& c = m.cfg;
+  const int64_t C = c.d_model, hd = c.head_dim(), F = c.d_ff;
+  const bool gpt2 = c.arch == spec::Arch::GPT2;
+  ParamCounts p;
+  p.embedding = c.vocab_size * C + (gpt2 ? c.max_seq * C : 0);
+  const int64_t q = c.n_heads * hd, kv = c.n_kv_heads * hd;
+  int64_t attn = C * (q + 2 * kv) + q * C + (gpt2 ? (q + 2 * kv) + C : 0);
+  int64_t norms = gpt2 ? 4 * C : 2 * C;
+  // One expert's MLP: GPT-2 c_fc + c_proj with biases; Llama gate, up, down.
+  int64_t mlp = gpt2 ? 2 * C * F + F + C : 3 * C * F;
+  int64_t router = m.is_moe() ? C * m.n_experts : 0;
+  p.per_layer_expert = m.is_moe() ? mlp * m.n_experts : 0;
+  p.per_layer = attn + norms + mlp * m.n_experts + router;
+  p.final_norm = gpt2 ? 2 * C : C;
+  p.lm_head = c.tie_embeddings ? 0 : c.vocab_size * C;
+  p.total = p.embedding + c.n_layers * p.per_layer + p.final_norm + p.lm_head;
+  p.active = p.total - c.n_layers * mlp * (m.n_experts - m.top_k);
+  return p;
+}
+
+double flops_per_token(const PlanModel& m, int64_t seq) {
+  if (!m.is_moe()) return spec::model_flops_per_token(m.cfg, seq);
+  // Same convention as spec::model_flops_per_token, with the active parameters only.
+  ParamCounts p = count_params(m);
+  const auto& c = m.cfg;
+  double dense = static_cast<double>(p.active - p.embedding - p.lm_head + c.vocab_size * c.d_model);
+  return 6.0 * dense + 6.0 * static_cast<double>(c.n_layers * seq * c.n_heads * c.head_dim());
+}
+
+}  // namespace loom::plan

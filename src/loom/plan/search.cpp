@@ -1,0 +1,167 @@
+#include "loom/plan/search.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "loom/error.h"
+
+namespace loom::plan {
+
+namespace {
+
+int parse_int(const std::string& key, const std::string& v) {
+  try {
+    size_t used = 0;
+    int x = std::stoi(v, &used);
+    if (used == v.size() && x >= 0) return x;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError("--fix " + key + "=" + v + ": expected a non-negative integer");
+}
+
+std::vector<int> divisors(int64_t n, int64_t limit) {
+  std::vector<int> d;
+  for (int64_t i = 1; i <= std::min(n, limit); ++i)
+    if (n % i == 0) d.push_back(static_cast<int>(i));
+  return d;
+}
+
+std::vector<int> powers_of_two_dividing(int64_t n, int64_t limit) {
+  std::vector<int> d;
+  for (int64_t i = 1; i <= std::min(n, limit); i *= 2)
+    if (n % i == 0) d.push_back(static_cast<int>(i));
+  return d;
+}
+
+template <class T>
+std::vector<T> pick(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+}  // namespace
+
+void apply_fix(Fixed& f, const std::string& kv) {
+  auto eq = kv.find('=');
+  if (eq == std::string::npos) throw ConfigError("--fix '" + kv + "': expected key=value");
+  std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+  if (k == "dp") f.dp = parse_int(k, v);
+  else if (k == "tp") f.tp = parse_int(k, v);
+  else if (k == "pp") f.pp = parse_int(k, v);
+  else if (k == "cp") f.cp = parse_int(k, v);
+  else if (k == "ep") f.ep = parse_int(k, v);
+  else if (k == "v" || k == "vpp") f.vpp = parse_int(k, v);
+  else if (k == "mb" || k == "micro_batch") f.micro_batch = parse_int(k, v);
+  else if (k == "zero") f.zero = parse_int(k, v);
+  else if (k == "sp") {
+    if (v != "0" && v != "1" && v != "true" && v != "false") throw ConfigError("--fix sp=" + v + ": expected 0 or 1");
+    f.sp = v == "1" || v == "true";
+  } else if (k == "recompute") {
+    if (v == "none") f.recompute = Recompute::None;
+    else if (v == "selective") f.recompute = Recompute::Selective;
+    else if (v == "full") f.recompute = Recompute::Full;
+    else throw ConfigError("--fix recompute=" + v + ": valid: none, selective, full");
+  } else if (k == "schedule") {
+    if (v == "gpipe") f.schedule = Schedule::GPipe;
+    else if (v == "1f1b") f.schedule = Schedule::OneFOneB;
+    else if (v == "interleaved") f.schedule = Schedule::Interleaved;
+    else if (v == "zero-bubble") f.schedule = Schedule::ZeroBubble;
+    else throw ConfigError("--fix schedule=" + v + ": valid: gpipe, 1f1b, interleaved, zero-bubble");
+  } else {
+    throw ConfigError("--fix '" + k + "' is not a layout key (valid: dp tp pp cp ep v mb zero sp recompute schedule)");
+  }
+}
+
+SearchResult search(const Job& j, const Fixed& f, int top) {
+  check_job(j);
+  const auto& c = j.model.cfg;
+  const int N = j.cluster.devices;
+  const int dpn = j.cluster.hw.devices_per_node;
+  SearchResult r;
+  std::vector<Candidate> ok;
+  auto consider = [&](const Layout& l) {
+    ++r.evaluated;
+    Verdict v = check_layout(l, j);
+    if (v.ok()) {
+      MemoryBreakdown mem = memory_per_device(l, j);
+      if (!mem.fits())
+        v = {Reject::Memory, fmt::format("{}: needs {:.1f} GiB of {:.1f} GiB usable", l.str(), mem.total / (1 << 30),
+                                         mem.usable / (1 << 30))};
+      else
+        return ok.push_back({l, mem, step_time(l, j)});
+    }
+    if (r.rejected[v.reject]++ == 0) r.example[v.reject] = v.why;
+  };
+  // TP stays inside a node (its collectives run every layer); pipeline and context degrees are
+  // searched as divisors; micro-batches are powers of two up to 16 sequences.
+  for (int tp : pick(f.tp, powers_of_two_dividing(N, dpn)))
+    for (int pp : pick(f.pp, divisors(N / std::max(1, tp), c.n_layers)))
+      for (int cp : pick(f.cp, powers_of_two_dividing(N / std::max(1, tp * pp), 16))) {
+        if (tp * pp * cp == 0 || N % (tp * pp * cp)) {
+          Layout l{.dp = 1, .tp = tp, .pp = pp, .cp = cp};
+          consider(l);
+          continue;
+        }
+        const int dp = N / (tp * pp * cp);
+        if (f.dp && *f.dp != dp) continue;
+        for (int ep : pick(f.ep, j.model.is_moe() ? divisors(std::min<int64_t>(dp, j.model.n_experts), 64) : std::vector<int>{1}))
+          for (int mb : pick(f.micro_batch, powers_of_two_dividing(std::max<int64_t>(1, j.global_batch / dp), 16)))
+            for (int vpp : pick(f.vpp, pp > 1 ? divisors(c.n_layers / pp, 8) : std::vector<int>{1}))
+              for (Schedule sch : pick(f.schedule, vpp > 1 ? std::vector<Schedule>{Schedule::Interleaved}
+                                                          : pp > 1 ? std::vector<Schedule>{Schedule::OneFOneB, Schedule::GPipe,
+                                                                                           Schedule::ZeroBubble}
+                                                                   : std::vector<Schedule>{Schedule::OneFOneB}))
+                for (int zero : pick(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
+                  for (Recompute rc : pick(f.recompute, {Recompute::None, Recompute::Selective, Recompute::Full}))
+                    for (bool sp : pick(f.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+                      consider(Layout{dp, tp, pp, cp, ep, vpp, mb, zero, sp, rc, sch});
+      }
+  r.feasible = static_cast<int64_t>(ok.size());
+  if (ok.empty()) {
+    std::string why;
+    for (auto& [reason, count] : r.rejected)
+      why += fmt::format("{}{} {} (e.g. {})", why.empty() ? "" : "; ", count, reject_name(reason), r.example[reason]);
+    throw ConfigError(fmt::format("no layout of {} on {} x {} fits: {} layouts tried; {}", c.name, N, j.cluster.hw.name,
+                                  r.evaluated, why.empty() ? "none could be formed" : why));
+  }
+  std::sort(ok.begin(), ok.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.time.total != b.time.total) return a.time.total < b.time.total;
+    return a.memory.total < b.memory.total;  // equal time: the smaller footprint
+  });
+  if (top > 0 && static_cast<int>(ok.size()) > top) ok.resize(top);
+  r.ranked = std::move(ok);
+  return r;
+}
+
+std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const Layout& layout) {
+  struct Knob {
+    const char* name;
+    std::function<void(Hardware&, double)> scale;
+  };
+  const std::vector<Knob> knobs = {
+      {"peak FLOP/s", [](Hardware& h, double x) { h.device.peak_bf16 *= x, h.device.peak_fp8 *= x, h.device.peak_f32 *= x; }},
+      {"memory bandwidth", [](Hardware& h, double x) { h.device.memory_bandwidth *= x; }},
+      {"memory capacity", [](Hardware& h, double x) { h.device.memory_bytes *= x; }},
+      {"intra-node link", [](Hardware& h, double x) { h.intra_node.bandwidth *= x; }},
+      {"inter-node network", [](Hardware& h, double x) { h.inter_node.bandwidth *= x; }},
+      {"link latency", [](Hardware& h, double x) { h.intra_node.latency *= x, h.inter_node.latency *= x; }},
+  };
+  std::vector<Sensitivity> out;
+  for (auto& k : knobs)
+    for (double factor : {2.0, 0.5}) {
+      Job j = job;
+      k.scale(j.cluster.hw, factor);
+      Sensitivity s{k.name, factor, 0, 0};
+      if (memory_per_device(layout, j).fits()) s.same_layout = step_time(layout, j).total;
+      try {
+        s.replanned = search(j, fixed, 1).ranked.front().time.total;
+      } catch (const ConfigError&) {
+      }
+      out.push_back(s);
+    }
+  return out;
+}
+
+}  // namespace loom::plan

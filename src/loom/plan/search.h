@@ -1,0 +1,55 @@
+// Search over every valid layout of a job: enumerate degrees, micro-batch, virtual stages, ZeRO stage,
+// recompute, SP and schedule; drop those that do not divide the model or batch, or do not fit memory
+// (counting each reason); rank the rest by predicted step time. Also: the what-if sensitivity of a
+// chosen layout to each hardware figure.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/plan/memory_model.h"
+#include "loom/plan/time_model.h"
+
+namespace loom::plan {
+
+// Degrees or options pinned by the user (--fix tp=8 pp=2 ...). Unset fields are searched.
+struct Fixed {
+  std::optional<int> dp, tp, pp, cp, ep, vpp, micro_batch, zero;
+  std::optional<bool> sp;
+  std::optional<Recompute> recompute;
+  std::optional<Schedule> schedule;
+};
+// Parses "key=value" (keys: dp tp pp cp ep v|vpp mb|micro_batch zero sp recompute schedule);
+// throws ConfigError naming the key and the valid choices.
+void apply_fix(Fixed& f, const std::string& key_value);
+
+struct Candidate {
+  Layout layout;
+  MemoryBreakdown memory;
+  StepTime time;
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;           // fastest first, at most `top`
+  int64_t evaluated = 0;
+  std::map<Reject, int64_t> rejected;      // how many layouts were dropped, by reason
+  std::map<Reject, std::string> example;   // one message per reason
+  int64_t feasible = 0;
+};
+
+// Throws ConfigError when the job is invalid or when no layout is feasible (saying why, with counts).
+SearchResult search(const Job& job, const Fixed& fixed, int top);
+
+// What-if: the step time of `layout` (and of the re-planned best layout) with one hardware figure
+// scaled by `factor`.
+struct Sensitivity {
+  std::string figure;  // "peak FLOP/s", "memory bandwidth", "memory capacity", "intra-node link", ...
+  double factor = 1;
+  double same_layout = 0;  // seconds; 0 when the layout no longer fits
+  double replanned = 0;    // seconds of the best layout found again; 0 when none fits
+};
+std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const Layout& layout);
+
+}  // namespace loom::plan

@@ -1,0 +1,206 @@
+#include "loom/plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/plan/collective_cost.h"
+#include "loom/plan/memory_model.h"
+
+namespace loom::plan {
+
+double gemm_time(const GemmShape& g, const Hardware& hw, double peak, double bytes_per_element) {
+  if (g.M <= 0 || g.N <= 0 || g.K <= 0 || g.count <= 0) return 0;
+  const auto& e = hw.efficiency;
+  auto fill = [&](double d) { return d / (d + e.gemm_half_dim); };
+  const double eff = e.gemm_max * fill(g.M) * fill(g.N) * fill(g.K);
+  const double flops = 2 * g.M * g.N * g.K;
+  const double bytes = bytes_per_element * (g.M * g.K + g.K * g.N + g.M * g.N);
+  const double bw = hw.device.memory_bandwidth * e.memory;
+  return g.count * std::max(flops / (peak * eff), bytes / bw);
+}
+
+std::string StepTime::bound() const {
+  const double parts[] = {compute, memory_bound, comm_exposed, bubble};
+  const char* names[] = {"compute", "memory", "communication", "bubble"};
+  return names[std::max_element(parts, parts + 4) - parts];
+}
+
+namespace {
+
+// Costs of one layer for one micro-batch on one device, forward only; backward and recompute derive
+// from these.
+struct LayerCost {
+  double gemm = 0;        // projection and MLP GEMMs
+  double attn_core = 0;   // attention scores / softmax / weighted sum (GEMMs and memory traffic)
+  double memory = 0;      // norms, residual adds, dropout, activation functions, RoPE
+  double tp_comm = 0;     // TP / SP collectives of the forward
+  double cp_comm = 0;     // CP ring exchange of K and V
+  double ep_comm = 0;     // MoE dispatch + combine
+  double flops = 0;       // executed GEMM FLOPs (incl. attention)
+};
+
+GroupShape group(int n, int stride, int per_node_devices) {
+  return {n, std::clamp(per_node_devices / stride, 1, n)};
+}
+
+LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
+  const auto& c = j.model.cfg;
+  const auto& hw = j.cluster.hw;
+  const auto& sw = j.software;
+  const double t = l.tp, s = static_cast<double>(j.seq) / l.cp, S = static_cast<double>(j.seq);
+  const double b = l.micro_batch, n = s * b, h = static_cast<double>(c.d_model);
+  const double hd = static_cast<double>(c.head_dim()), heads = c.n_heads / t;
+  const double q = c.n_heads * hd, kv = c.n_kv_heads * hd, F = static_cast<double>(c.d_ff);
+  const double bw = hw.device.memory_bandwidth * hw.efficiency.memory;
+  const double act = 2;  // bytes per 16-bit activation element
+  const bool gpt2 = c.arch == spec::Arch::GPT2;
+  LayerCost lc;
+  auto gemm = [&](GemmShape g) {
+    lc.flops += 2 * g.M * g.N * g.K * g.count;
+    return gemm_time(g, hw, peak, act);
+  };
+  lc.gemm += gemm({n, (q + 2 * kv) / t, h});  // QKV
+  lc.gemm += gemm({n, h, q / t});             // output projection
+  const double k = static_cast<double>(j.model.top_k), E = static_cast<double>(j.model.n_experts);
+  // MoE: the device's E/ep experts see n*top_k tokens in all, n*ep*top_k/E each.
+  const double experts = j.model.is_moe() ? E / l.ep : 1;
+  const double rows = j.model.is_moe() ? n * l.ep * k / E : n;
+  lc.gemm += gemm({rows, (gpt2 ? F : 2 * F) / t, h, experts});
+  lc.gemm += gemm({rows, h, F / t, experts});
+  if (j.model.is_moe()) lc.gemm += gemm({n, E, h});  // router
+
+  // Attention core. Flash: causal blocks only (half the square), no score traffic. Materialised
+  // (Megatron 2021-22): the full T x T square in batched GEMMs, plus the scale-mask-softmax and dropout
+  // passes over the scores: read 2 + write 2 (softmax), read 2 + write 2 + mask 1 (dropout) bytes.
+  if (sw.flash_attention) {
+    lc.attn_core += gemm({s, S / 2, hd, b * heads}) + gemm({s, hd, S / 2, b * heads});
+  } else {
+    lc.attn_core += gemm({s, S, hd, b * heads}) + gemm({s, hd, S, b * heads});
+    lc.attn_core += b * heads * s * S * (sw.dropout ? 9.0 : 4.0) / bw;
+  }
+  // Memory-bound kernels, bytes per sbh element: two norms (read + write: 8), two residual adds
+  // (fused bias-dropout-add: read x, residual, write, mask: 7 each; 6 without dropout) -- these run
+  // replicated on every TP rank unless SP splits them; the activation function on the split MLP
+  // hidden (GeLU read + write 4F/h; SwiGLU read 2, write 1: 6F/h), RoPE on q and k.
+  const double replicated = 8 + (sw.dropout ? 14 : 12);
+  double per_sbh = (l.sp ? replicated / t : replicated) + (gpt2 ? 4 : 6) * (F / h) * k / t;
+  if (!gpt2) per_sbh += 4 * (q + kv) / h / t;
+  lc.memory = n * h * per_sbh / bw;
+
+  // TP: two all-reduces (or all-gather + reduce-scatter pairs with SP: the same bus bytes) of the
+  // [n, h] activations per forward, on the intra-node link when the TP group fits in a node.
+  const int dpn = hw.devices_per_node;
+  lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * act, group(l.tp, 1, dpn), hw);
+  // CP: each rank passes its K,V chunk around the ring (cp - 1 hops), overlapped with attention.
+  if (l.cp > 1) {
+    const double chunk = n * 2 * kv / t * act;
+    const Link& link = dpn / l.tp >= l.cp ? hw.intra_node : hw.inter_node;
+    lc.cp_comm = (l.cp - 1) * collective_time(Collective::SendRecv, chunk, 2, link, hw.efficiency.link);
+  }
+  // EP: dispatch and combine all-to-alls of the routed tokens.
+  if (l.ep > 1)
+    lc.ep_comm = 2 * group_collective_time(Collective::AllToAll, n * k * h * act * l.ep / t,
+                                           group(l.ep, l.tp * l.cp, dpn), hw);
+  return lc;
+}
+
+}  // namespace
+
+StepTime step_time(const Layout& l, const Job& j) {
+  const auto& c = j.model.cfg;
+  const auto& hw = j.cluster.hw;
+  const double peak = hw.peak(j.precision);
+  const LayerCost lc = layer_cost(l, j, peak);
+  const double bw = hw.device.memory_bandwidth * hw.efficiency.memory;
+  const double m = static_cast<double>(micro_batches(l, j));
+  const double layers = static_cast<double>(c.n_layers) / l.pp;
+  const double s = static_cast<double>(j.seq) / l.cp, b = l.micro_batch, n = s * b, h = static_cast<double>(c.d_model);
+  const int dpn = hw.devices_per_node;
+
+  // One micro-batch through one layer: forward, backward (dgrad + wgrad: twice the forward GEMMs; the
+  // memory-bound kernels read saved inputs and gradients: about twice the bytes), recompute.
+  const double cp_fwd = std::max(0.0, lc.cp_comm - lc.attn_core);         // ring hidden behind attention
+  const double cp_bwd = std::max(0.0, 2 * lc.cp_comm - 2 * lc.attn_core);  // K,V and their gradients
+  double comp = 3 * lc.gemm, mem = 3 * lc.memory, attn = 3 * lc.attn_core;
+  double tp = 2 * lc.tp_comm, ep = 2 * lc.ep_comm, cp = cp_fwd + cp_bwd;
+  double rec = 0;
+  if (l.recompute == Recompute::Full) {
+    comp += lc.gemm, mem += lc.memory, attn += lc.attn_core, tp += lc.tp_comm, ep += lc.ep_comm, cp += cp_fwd;
+    rec = lc.gemm + lc.memory + lc.attn_core;
+  } else if (l.recompute == Recompute::Selective && !j.software.flash_attention) {
+    attn += lc.attn_core;  // flash attention's backward already recomputes its scores
+    rec = lc.attn_core;
+  }
+  // The LM head (last stage) and the loss: GEMM [n, h] x [h, V/tp], fwd + bwd; softmax-CE reads and
+  // writes fp32 logits.
+  const double V = static_cast<double>(c.vocab_size);
+  const double head = 3 * gemm_time({n, V / l.tp, h}, hw, peak, 2) + n * V / l.tp * 16 / bw;
+  const double head_flops = 3 * 2 * n * V / l.tp * h;
+
+  // Pipeline p2p: each micro-batch crosses every chunk boundary forward and backward; Megatron's
+  // scatter-gather sends 1/tp of the activation per TP rank. Blocking, so on the critical path.
+  double p2p = 0;
+  if (l.pp > 1) {
+    const bool inter = l.tp * l.cp * l.dp >= dpn;
+    const Link& link = inter ? hw.inter_node : hw.intra_node;
+    p2p = 2 * l.vpp * collective_time(Collective::SendRecv, n * h * 2 / l.tp, 2, link, hw.efficiency.link);
+  }
+  // Per micro-batch on the slowest (last) stage.
+  const double stage_compute = layers * comp + head;
+  const double stage_mem = layers * (mem + attn);
+  const double stage_comm = layers * (tp + ep + cp) + p2p;
+  const double per_mb = stage_compute + stage_mem + stage_comm;
+
+  StepTime st;
+  st.compute = m * stage_compute;
+  st.memory_bound = m * stage_mem;
+  st.tp = m * layers * tp, st.ep = m * layers * ep, st.cp = m * layers * cp, st.pp = m * p2p;
+  st.recompute = m * layers * rec;
+  // Bubble: (p-1)/v micro-batch times for GPipe / 1F1B / interleaved; zero-bubble (ZB-H1) removes
+  // about two thirds of it by filling it with weight-gradient GEMMs (Qi et al. 2023).
+  if (l.pp > 1) {
+    st.bubble = (l.pp - 1.0) / l.vpp * per_mb;
+    if (l.schedule == Schedule::ZeroBubble) st.bubble /= 3;
+  }
+
+  // Data-parallel gradient reduction (hierarchical), once per step (per micro-batch for ZeRO-2/3).
+  const StageParams sp = stage_params(l, j, true);
+  const GroupShape dpg = group(l.dp, l.tp * l.cp, dpn);
+  const GroupShape edpg = group(std::max(1, l.dp / l.ep), l.tp * l.cp * l.ep, dpn);
+  auto reduce = [&](double params, GroupShape g) {
+    if (g.n <= 1) return 0.0;
+    if (l.zero == 0) return group_collective_time(Collective::AllReduce, params * j.software.grad_bytes, g, hw);
+    const double rs = group_collective_time(Collective::ReduceScatter, params * j.software.grad_bytes, g, hw);
+    const double ag = group_collective_time(Collective::AllGather, params * 2, g, hw);  // updated bf16 weights
+    return (l.zero >= 2 ? m * rs : rs) + ag;
+  };
+  double dp = reduce(sp.dense, dpg) + reduce(sp.expert, edpg);
+  const double window = j.software.dp_overlap ? (layers * 2 * (lc.gemm + lc.memory + lc.attn_core)) : 0;
+  st.dp = std::max(0.0, dp - (l.zero >= 2 ? m * window : window));
+  // ZeRO-3: weights gathered for every micro-batch's forward and backward, prefetched a layer ahead.
+  if (l.zero == 3) {
+    const double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw);
+    st.zero = m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers);
+  }
+  // Optimizer: AdamW streams master weight, grad, m, v (read + write) and writes the bf16 copy.
+  const double shard = l.zero >= 1 ? l.dp : 1;
+  st.memory_bound += (sp.dense + sp.expert) / shard * 30 / bw;
+
+  st.comm_exposed = st.tp + st.cp + st.ep + st.pp + st.dp + st.zero;
+  st.total = st.compute + st.memory_bound + st.comm_exposed + st.bubble;
+  const double tokens = static_cast<double>(j.global_batch * j.seq);
+  st.model_flops = flops_per_token(j.model, j.seq) * tokens;
+  st.hardware_flops = (lc.flops * (l.recompute == Recompute::Full ? 4 : 3) * c.n_layers * (m * l.dp * l.cp) +
+                       head_flops * m * l.dp * l.cp) * l.tp;
+  return st;
+}
+
+double tokens_per_s(const StepTime& t, const Job& j) {
+  return static_cast<double>(j.global_batch * j.seq) / t.total;
+}
+
+double mfu(const StepTime& t, const Job& j) {
+  return t.model_flops / (t.total * j.cluster.devices * j.cluster.hw.peak(j.precision));
+}
+
+}  // namespace loom::plan

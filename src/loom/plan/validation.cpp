@@ -1,0 +1,213 @@
+#include "loom/plan/validation.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/error.h"
+#include "loom/plan/memory_model.h"
+#include "loom/plan/search.h"
+
+namespace loom::plan {
+
+double ValidationLine::error() const {
+  if (published == 0 || predicted == 0) return 0;
+  // Time rows compare as throughput (1 / time), so a time error reads like a throughput error.
+  return metric.find("(s)") != std::string::npos ? std::abs(published / predicted - 1) : std::abs(predicted / published - 1);
+}
+double ValidationLine::constant_error() const {
+  if (!throughput || constant == 0) return 0;
+  return metric.find("(s)") != std::string::npos ? std::abs(published / constant - 1) : std::abs(constant / published - 1);
+}
+
+namespace {
+
+// Megatron-LM's FLOP conventions (reference file): 96 B s l h^2 (1 + s/6h + V/16lh) counts the recomputed
+// forward; 72 B L s h^2 (1 + s/6h + V/12hL) counts model FLOPs only.
+double flops96(const spec::TransformerConfig& c, double B, double s) {
+  const double h = c.d_model, l = c.n_layers, V = c.vocab_size;
+  return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+}
+double flops72(const spec::TransformerConfig& c, double B, double s) {
+  const double h = c.d_model, l = c.n_layers, V = c.vocab_size;
+  return 72 * B * l * s * h * h * (1 + s / (6 * h) + V / (12 * h * l));
+}
+
+struct Row {
+  std::string name;
+  Job job;
+  Fixed fixed;
+  toml::table t;
+};
+
+double get(const toml::table& t, const std::string& key, const std::string& row) {
+  auto v = t[key].value<double>();
+  if (!v) throw ConfigError("validation row '" + row + "': missing number '" + key + "'");
+  return *v;
+}
+
+// The fastest layout with the row's fixed degrees; unstated micro-batch / virtual stages are searched
+// over Megatron's schedules (1F1B, interleaved).
+Candidate plan_row(const Row& r, Recompute rc, bool sp) {
+  Fixed f = r.fixed;
+  f.recompute = rc, f.sp = sp, f.zero = 0, f.cp = 1, f.ep = 1;
+  std::optional<Candidate> best;
+  for (Schedule s : {Schedule::OneFOneB, Schedule::Interleaved}) {
+    if (r.fixed.pp.value_or(1) == 1 && s == Schedule::Interleaved) continue;
+    Fixed g = f;
+    g.schedule = s;
+    if (s == Schedule::OneFOneB) {
+      if (f.vpp && *f.vpp > 1) continue;
+      g.vpp = 1;
+    } else if (f.vpp && *f.vpp == 1) {
+      continue;
+    }
+    try {
+      Candidate c = search(r.job, g, 1).ranked.front();
+      if (!best || c.time.total < best->time.total) best = c;
+    } catch (const ConfigError&) {
+    }
+  }
+  if (!best) throw ConfigError("validation row '" + r.name + "': no layout with its fixed degrees fits");
+  return *best;
+}
+
+}  // namespace
+
+ValidationReport validate(const std::string& text, const std::string& origin, const std::vector<std::string>& dirs) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}: line {}: {}", origin, e.source().begin.line, e.description()));
+  }
+  auto* rows = root["row"].as_array();
+  if (!rows || rows->empty()) throw ConfigError(origin + ": no [[row]] entries");
+  ValidationReport rep;
+  struct Throughput {
+    size_t line;
+    double hw_flops, devices, peak;
+  };
+  std::vector<Throughput> thr;
+  for (auto& node : *rows) {
+    auto* t = node.as_table();
+    if (!t) throw ConfigError(origin + ": [[row]] must be a table");
+    Row r;
+    r.name = t->at_path("name").value_or(std::string("?"));
+    r.job.model = plan_model(t->at_path("model").value_or(std::string("?")));
+    const int devices = static_cast<int>(get(*t, "devices", r.name));
+    r.job.cluster = resolve_cluster(t->at_path("hardware").value_or(std::string("?")) + ":" + std::to_string(devices), dirs);
+    r.job.seq = static_cast<int64_t>(get(*t, "seq", r.name));
+    r.job.global_batch = static_cast<int64_t>(get(*t, "global_batch", r.name));
+    if (t->at_path("software").value_or(std::string("loom")) == "megatron") {
+      // Megatron-LM 2021-22: materialised attention scores, dropout, gradient all-reduce after the
+      // last micro-batch (not overlapped), fp32 gradient reduction.
+      r.job.software = {.flash_attention = false, .dropout = true, .dp_overlap = false, .tp_overlap = false, .grad_bytes = 4};
+    }
+    const int tp = static_cast<int>(get(*t, "tp", r.name)), pp = static_cast<int>(get(*t, "pp", r.name));
+    r.fixed.tp = tp, r.fixed.pp = pp, r.fixed.dp = devices / (tp * pp);
+    if (auto mb = (*t)["micro_batch"].value<int>()) r.fixed.micro_batch = *mb;
+    if (auto v = (*t)["vpp"].value<int>()) r.fixed.vpp = *v;
+    const auto& c = r.job.model.cfg;
+    const double B = static_cast<double>(r.job.global_batch), s = static_cast<double>(r.job.seq);
+    const double peak = r.job.cluster.hw.peak(r.job.precision);
+
+    if (auto pub = (*t)["tflops_96"].value<double>()) {
+      Candidate k = plan_row(r, Recompute::Full, false);
+      double pred = flops96(c, B, s) / (k.time.total * devices) * 1e-12;
+      rep.lines.push_back({r.name, "TFLOP/s per GPU (96*)", k.layout.str(), *pub, pred, 0, true});
+      thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
+    }
+    double full = 0, sel = 0;
+    if (auto pub = (*t)["iteration_full_s"].value<double>()) {
+      Candidate k = plan_row(r, Recompute::Full, false);
+      full = k.time.total;
+      rep.lines.push_back({r.name, "iteration, full recompute (s)", k.layout.str(), *pub, full, 0, true});
+      thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
+    }
+    if (auto pub = (*t)["iteration_selective_s"].value<double>()) {
+      Candidate k = plan_row(r, Recompute::Selective, true);
+      sel = k.time.total;
+      rep.lines.push_back({r.name, "iteration, selective + SP (s)", k.layout.str(), *pub, sel, 0, true});
+      const double attn_recompute = 4 * B * s * s * c.d_model * c.n_layers;
+      thr.push_back({rep.lines.size() - 1, flops72(c, B, s) + attn_recompute, double(devices), peak});
+      if (auto mfu = (*t)["mfu"].value<double>())
+        rep.lines.push_back({r.name, "MFU (72*)", k.layout.str(), *mfu, flops72(c, B, s) / (sel * devices * peak), 0, false});
+    }
+    if (full > 0 && sel > 0) {
+      double pub = get(*t, "iteration_full_s", r.name) / get(*t, "iteration_selective_s", r.name);
+      rep.lines.push_back({r.name, "speed-up full -> selective+SP", "", pub, full / sel, 0, false});
+      rep.speedup_worst = std::max(rep.speedup_worst, rep.lines.back().error());
+    }
+    // Figure 1: first-stage memory with the row's stated micro-batch and virtual stages.
+    auto mem_layout = [&](Recompute rc, bool sp) {
+      Layout l{.dp = devices / (tp * pp), .tp = tp, .pp = pp, .vpp = r.fixed.vpp.value_or(1),
+               .micro_batch = r.fixed.micro_batch.value_or(1), .sp = sp, .recompute = rc,
+               .schedule = r.fixed.vpp.value_or(1) > 1 ? Schedule::Interleaved : Schedule::OneFOneB};
+      return l;
+    };
+    const double GiB = double(1 << 30);
+    auto activations = [&](const Layout& l) {
+      return static_cast<double>(c.n_layers) / l.pp * activation_bytes_per_layer(l, r.job) * in_flight_micro_batches(l, r.job);
+    };
+    if (auto pub = (*t)["state_GiB"].value<double>()) {
+      Layout l = mem_layout(Recompute::Selective, true);
+      StageParams p = stage_params(l, r.job, false);
+      StateBytes sb;
+      double pred = (p.dense + p.expert) * (sb.weight + sb.grad + sb.optimizer) / GiB;
+      rep.lines.push_back({r.name, "weights + grads + optimizer (GiB)", l.str(), *pub, pred, 0, false});
+      rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
+    }
+    if (auto pub = (*t)["activations_none_GiB"].value<double>()) {
+      Layout l = mem_layout(Recompute::None, false);
+      rep.lines.push_back({r.name, "activations, no recompute (GiB)", l.str(), *pub, activations(l) / GiB, 0, false});
+      rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
+    }
+    if (auto pub = (*t)["activations_selective_GiB"].value<double>()) {
+      Layout l = mem_layout(Recompute::Selective, true);
+      rep.lines.push_back({r.name, "activations, selective + SP (GiB)", l.str(), *pub, activations(l) / GiB, 0, false});
+      rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
+    }
+  }
+  // The bar to beat: one hardware-FLOP utilisation u for all throughput rows (time = FLOPs / (u N peak)),
+  // u chosen to minimise the mean relative throughput error.
+  auto constant_pred = [&](const Throughput& x, double u) {
+    const auto& line = rep.lines[x.line];
+    double time = x.hw_flops / (u * x.devices * x.peak);
+    return line.metric.find("(s)") != std::string::npos ? time : x.hw_flops / (time * x.devices) * 1e-12;
+  };
+  double best_u = 0, best_mean = 1e9;
+  for (double u = 0.20; u <= 0.80; u += 0.0005) {
+    double sum = 0;
+    for (auto& x : thr) {
+      ValidationLine l = rep.lines[x.line];
+      l.constant = constant_pred(x, u);
+      sum += l.constant_error();
+    }
+    if (!thr.empty() && sum / thr.size() < best_mean) best_mean = sum / thr.size(), best_u = u;
+  }
+  rep.constant_utilisation = best_u;
+  for (auto& x : thr) rep.lines[x.line].constant = constant_pred(x, best_u);
+  for (auto& x : thr) {
+    const auto& l = rep.lines[x.line];
+    rep.throughput_mean += l.error() / thr.size();
+    rep.throughput_worst = std::max(rep.throughput_worst, l.error());
+    rep.constant_mean += l.constant_error() / thr.size();
+    rep.constant_worst = std::max(rep.constant_worst, l.constant_error());
+  }
+  return rep;
+}
+
+ValidationReport validate_file(const std::string& path, const std::vector<std::string>& dirs) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read validation file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return validate(ss.str(), path, dirs);
+}
+
+}  // namespace loom::plan

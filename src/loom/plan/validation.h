@@ -1,0 +1,39 @@
+// Validation of the cost model against published training results (a TOML file of rows, see
+// tests/plan/published_results.toml): each row's fixed layout is planned -- unstated knobs (micro-batch,
+// virtual stages) are chosen by the planner -- and the prediction compared in the row's own FLOP
+// convention. Also fits the best constant-utilisation predictor to the same rows, as the bar to beat.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/plan/layout.h"
+
+namespace loom::plan {
+
+struct ValidationLine {
+  std::string row;      // e.g. "SC21 T1 145.6B"
+  std::string metric;   // "TFLOP/s/GPU (96*)", "iteration full (s)", "speed-up full->sel", "state (GiB)", ...
+  std::string layout;   // the layout the prediction used
+  double published = 0, predicted = 0;
+  double constant = 0;  // the constant-utilisation predictor's value (throughput metrics only)
+  bool throughput = false;  // counts toward the throughput error statistics
+  double error() const;     // relative error, in throughput terms for time rows
+  double constant_error() const;
+};
+
+struct ValidationReport {
+  std::vector<ValidationLine> lines;
+  double constant_utilisation = 0;  // fitted hardware-FLOP utilisation of the constant predictor
+  double throughput_mean = 0, throughput_worst = 0;
+  double constant_mean = 0, constant_worst = 0;
+  double speedup_worst = 0;  // Table 5 full -> selective
+  double memory_worst = 0;   // Figure 1
+};
+
+// `hardware_dirs` resolve each row's `hardware` name. Throws ConfigError for malformed rows.
+ValidationReport validate(const std::string& toml_text, const std::string& origin,
+                          const std::vector<std::string>& hardware_dirs);
+ValidationReport validate_file(const std::string& path, const std::vector<std::string>& hardware_dirs);
+
+}  // namespace loom::plan

@@ -1,0 +1,198 @@
+// Planner building blocks against hand-computed cases and Loom's own registries: parameter and FLOP
+// counts, the memory formulas of Korthikanti et al., collective costs, GEMM time, hardware files.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "loom/error.h"
+#include "loom/kernels/attention.h"
+#include "loom/kernels/gemm.h"
+#include "loom/plan/collective_cost.h"
+#include "loom/plan/memory_model.h"
+#include "loom/plan/time_model.h"
+#include "loom/spec/param_table.h"
+
+using namespace loom;
+using namespace loom::plan;
+
+namespace {
+
+const std::vector<std::string> kDirs = {LOOM_SOURCE_DIR "/configs/hardware"};
+
+Job megatron_job(const std::string& model, int devices, int64_t batch) {
+  Job j;
+  j.model = plan_model(model);
+  j.cluster = resolve_cluster("a100:" + std::to_string(devices), kDirs);
+  j.seq = 2048, j.global_batch = batch;
+  j.software = {.flash_attention = false, .dropout = true, .dp_overlap = false, .tp_overlap = false, .grad_bytes = 4};
+  return j;
+}
+
+}  // namespace
+
+TEST(ModelZoo, ParameterCountsAgreeExactlyWithTheRegistryForEveryPreset) {
+  for (auto& name : spec::preset_names()) {
+    auto table = spec::build_param_table(spec::preset(name));
+    int64_t numel = 0;
+    for (auto& p : table.params()) numel += p.numel();
+    EXPECT_EQ(count_params(plan_model(name)).total, numel) << name;
+  }
+}
+
+TEST(ModelZoo, FlopsPerTokenAgreeWithTheSpecForDenseModels) {
+  for (auto& name : spec::preset_names()) {
+    auto m = plan_model(name);
+    EXPECT_DOUBLE_EQ(flops_per_token(m, m.cfg.max_seq), spec::model_flops_per_token(m.cfg, m.cfg.max_seq)) << name;
+  }
+}
+
+TEST(ModelZoo, LargeModelsHaveTheirPublishedSizes) {
+  auto billions = [](const std::string& n) { return count_params(plan_model(n)).total * 1e-9; };
+  EXPECT_NEAR(billions("gpt3-175b"), 175.0, 1.0);
+  EXPECT_NEAR(billions("llama3-8b"), 8.03, 0.05);
+  EXPECT_NEAR(billions("llama3-70b"), 70.6, 0.2);
+  EXPECT_NEAR(billions("llama3-405b"), 405.8, 1.0);
+  EXPECT_NEAR(billions("mixtral-8x7b"), 46.7, 0.1);
+  EXPECT_NEAR(count_params(plan_model("mixtral-8x7b")).active * 1e-9, 12.9, 0.1);
+  EXPECT_NEAR(billions("megatron-145b"), 145.6, 0.5);
+  EXPECT_NEAR(billions("megatron-1t"), 1008.0, 2.0);
+}
+
+TEST(ModelZoo, UnknownModelIsAOneLineConfigError) {
+  try {
+    plan_model("gpt5");
+    FAIL();
+  } catch (const ConfigError& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("unknown model 'gpt5'"), std::string::npos);
+    EXPECT_NE(w.find("llama3-70b"), std::string::npos);
+    EXPECT_EQ(w.find('\n'), std::string::npos);
+  }
+}
+
+// Hand check for `tiny`: the time model's executed FLOPs equal the kernels' declared FLOPs of the
+// same step (GEMMs by gemm_cost, attention by attention_cost; backward GEMMs = 2x forward).
+TEST(TimeModel, ExecutedFlopsForTinyMatchTheKernelsDeclaredFlops) {
+  Job j;
+  j.model = plan_model("tiny");
+  j.cluster = resolve_cluster("a100:1", kDirs);
+  const auto& c = j.model.cfg;
+  j.seq = c.max_seq, j.global_batch = 4;
+  Layout l{.micro_batch = 4};
+  const int64_t N = 4 * c.max_seq, C = c.d_model;
+  double fwd = 0;
+  for (auto d : {kernels::GemmDesc{N, 3 * C, C}, kernels::GemmDesc{N, C, C}, kernels::GemmDesc{N, c.d_ff, C},
+                 kernels::GemmDesc{N, C, c.d_ff}})
+    fwd += kernels::gemm_cost(d).flops;
+  kernels::AttentionShape a{4, c.max_seq, c.n_heads, c.n_kv_heads, c.head_dim()};
+  double attn = kernels::attention_cost(a, false).flops + kernels::attention_cost(a, true).flops;
+  double head = 3 * kernels::gemm_cost({N, c.vocab_size, C}).flops;
+  double declared = c.n_layers * (3 * fwd + attn) + head;
+  // The planner counts attention as 3x its forward on exactly half the square; the kernel declares
+  // 3.5x on T(T+1)/2 pairs: agreement within the attention share's difference (a few percent for tiny).
+  EXPECT_NEAR(step_time(l, j).hardware_flops / declared, 1.0, 0.05);
+}
+
+TEST(MemoryModel, ActivationsFollowKorthikantiFormulas) {
+  Job j = megatron_job("megatron-175b", 8, 8);
+  const double s = 2048, b = 1, h = 12288, a = 96, t = 8, sbh = s * b * h;
+  Layout l{.tp = 8, .micro_batch = 1};
+  EXPECT_NEAR(activation_bytes_per_layer(l, j), sbh * (10 + 24 / t + 5 * a * s / (h * t)), 1);
+  l.sp = true;
+  EXPECT_NEAR(activation_bytes_per_layer(l, j), sbh * (34 / t + 5 * a * s / (h * t)), 1);
+  l.recompute = Recompute::Selective;
+  EXPECT_NEAR(activation_bytes_per_layer(l, j), 34 * sbh / t, 1);
+  l.sp = false;
+  EXPECT_NEAR(activation_bytes_per_layer(l, j), sbh * (10 + 24 / t), 1);
+  l.recompute = Recompute::Full;
+  EXPECT_NEAR(activation_bytes_per_layer(l, j), 2 * sbh, 1);
+  Layout none{.tp = 1};
+  EXPECT_NEAR(activation_bytes_per_layer(none, j), sbh * (34 + 5 * a * s / h), 1);
+}
+
+TEST(MemoryModel, ScheduleSetsMicroBatchesInFlight) {
+  Job j = megatron_job("megatron-175b", 64, 64);  // m = 64 micro-batches of 1
+  Layout l{.tp = 8, .pp = 8, .micro_batch = 1, .schedule = Schedule::GPipe};
+  EXPECT_DOUBLE_EQ(in_flight_micro_batches(l, j), 64);
+  l.schedule = Schedule::OneFOneB;
+  EXPECT_DOUBLE_EQ(in_flight_micro_batches(l, j), 8);
+  l.schedule = Schedule::Interleaved, l.vpp = 3;
+  EXPECT_DOUBLE_EQ(in_flight_micro_batches(l, j), 8 * (1 + 7.0 / 24));
+}
+
+TEST(MemoryModel, ZeroStagesShardStateOverDataParallelRanks) {
+  Job j = megatron_job("megatron-7.5b", 64, 512);
+  Layout l{.dp = 16, .tp = 4, .micro_batch = 1, .recompute = Recompute::Full};
+  auto m0 = memory_per_device(l, j);
+  const double P = stage_params(l, j, true).dense;
+  EXPECT_NEAR(m0.weights, 2 * P, 1);
+  EXPECT_NEAR(m0.grads, 4 * P, 1);
+  EXPECT_NEAR(m0.optimizer, 12 * P, 1);
+  l.zero = 1;
+  EXPECT_NEAR(memory_per_device(l, j).optimizer, 12 * P / 16, 1);
+  l.zero = 2;
+  EXPECT_NEAR(memory_per_device(l, j).grads, 4 * P / 16, 1);
+  l.zero = 3;
+  EXPECT_NEAR(memory_per_device(l, j).weights, 2 * P / 16, 1);
+}
+
+TEST(CollectiveCost, AlphaBetaWithNcclTestsBusBandwidthFactors) {
+  EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllReduce, 8), 2 * 7.0 / 8);
+  EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllGather, 4), 3.0 / 4);
+  EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllReduce, 1), 0);
+  Link ring{100e9, 2e-6, Topology::Ring};
+  // 8-rank ring all_reduce of 1 GB: 2*7 hops of 2 us + 1e9 * 1.75 / (100e9 * 0.5)
+  EXPECT_NEAR(collective_time(Collective::AllReduce, 1e9, 8, ring, 0.5), 14 * 2e-6 + 1.75e9 / 50e9, 1e-12);
+  Link torus{100e9, 2e-6, Topology::Torus};
+  EXPECT_DOUBLE_EQ(latency_steps(Collective::AllGather, 16, Topology::Torus), 6);
+  EXPECT_LT(collective_time(Collective::AllGather, 1e3, 16, torus, 1), collective_time(Collective::AllGather, 1e3, 16, ring, 1));
+}
+
+TEST(CollectiveCost, HierarchicalAllReduceIsNodeLocalThenAcrossNodes) {
+  Hardware hw = resolve_cluster("a100:16", kDirs).hw;
+  const double S = 1e9, e = hw.efficiency.link;
+  double expect = collective_time(Collective::ReduceScatter, S, 8, hw.intra_node, e) +
+                  collective_time(Collective::AllReduce, S / 8, 2, hw.inter_node, e) +
+                  collective_time(Collective::AllGather, S, 8, hw.intra_node, e);
+  EXPECT_DOUBLE_EQ(group_collective_time(Collective::AllReduce, S, {16, 8}, hw), expect);
+  // One rank per node: the whole buffer crosses the network.
+  EXPECT_DOUBLE_EQ(group_collective_time(Collective::AllReduce, S, {4, 1}, hw),
+                   collective_time(Collective::AllReduce, S, 4, hw.inter_node, e));
+}
+
+TEST(TimeModel, GemmTimeIsComputeBoundForLargeAndMemoryBoundForThinShapes) {
+  Hardware hw = resolve_cluster("a100:1", kDirs).hw;
+  const double peak = 312e12;
+  const double d = 8192, fill = d / (d + hw.efficiency.gemm_half_dim);
+  EXPECT_NEAR(gemm_time({d, d, d}, hw, peak, 2), 2 * d * d * d / (peak * hw.efficiency.gemm_max * fill * fill * fill), 1e-9);
+  // A matrix-vector-like product moves its bytes: roofline on bandwidth.
+  const double bytes = 2 * (8192.0 * 8192 + 8192 + 8192);
+  EXPECT_NEAR(gemm_time({1, 8192, 8192}, hw, peak, 2), bytes / (hw.device.memory_bandwidth * hw.efficiency.memory), 1e-12);
+}
+
+TEST(Hardware, ShippedFilesParseAndRoundTrip) {
+  for (auto& name : {"a100", "h100", "trn1", "trn2"}) {
+    Cluster c = resolve_cluster(std::string(name) + ":32", kDirs);
+    EXPECT_EQ(c.devices, 32);
+    Hardware back = parse_hardware(hardware_to_toml(c.hw, "round trip"), "mem.toml");
+    EXPECT_NEAR(back.device.peak_bf16, c.hw.device.peak_bf16, 1);
+    EXPECT_NEAR(back.inter_node.bandwidth, c.hw.inter_node.bandwidth, 1);
+    EXPECT_EQ(back.intra_node.topology, c.hw.intra_node.topology);
+    EXPECT_EQ(back.devices_per_node, c.hw.devices_per_node);
+  }
+  EXPECT_EQ(resolve_cluster("trn2", kDirs).devices, 16);  // one node by default
+}
+
+TEST(Hardware, BadClusterOrFileIsAOneLineConfigError) {
+  EXPECT_THROW(resolve_cluster("tpu-v9:8", kDirs), ConfigError);
+  EXPECT_THROW(resolve_cluster("a100:0", kDirs), ConfigError);
+  EXPECT_THROW(resolve_cluster("a100:many", kDirs), ConfigError);
+  EXPECT_THROW(parse_hardware("name = \"x\"\n[device]\nmemory_GiB = 1\n", "x.toml"), ConfigError);
+  try {
+    resolve_cluster("tpu-v9", kDirs);
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("a100"), std::string::npos);
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+}

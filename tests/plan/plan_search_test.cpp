@@ -1,0 +1,143 @@
+// The layout search and the validation against published results: every returned layout divides the
+// model and fits memory, bad input is one clear line, and the cost model's error stays within the
+// goals of issue 6 (or, where a goal is missed, within the bound docs/planner.md reports).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "loom/error.h"
+#include "loom/plan/search.h"
+#include "loom/plan/validation.h"
+
+using namespace loom;
+using namespace loom::plan;
+
+namespace {
+
+const std::vector<std::string> kDirs = {LOOM_SOURCE_DIR "/configs/hardware"};
+
+Job job(const std::string& model, const std::string& cluster, int64_t seq, int64_t batch) {
+  Job j;
+  j.model = plan_model(model);
+  j.cluster = resolve_cluster(cluster, kDirs);
+  j.seq = seq, j.global_batch = batch;
+  return j;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Search, EveryReturnedLayoutDividesTheModelAndFitsMemory) {
+  for (auto [model, cluster, seq, batch] : {std::tuple{"llama3-70b", "trn2:32", 8192, 64},
+                                            std::tuple{"gpt3-175b", "h100:64", 2048, 128},
+                                            std::tuple{"mixtral-8x7b", "h100:32", 4096, 64}}) {
+    Job j = job(model, cluster, seq, batch);
+    auto r = search(j, {}, 50);
+    ASSERT_FALSE(r.ranked.empty()) << model;
+    EXPECT_GT(r.rejected[Reject::Memory], 0) << model;  // some layouts of these big models must not fit
+    for (auto& c : r.ranked) {
+      const auto& l = c.layout;
+      EXPECT_TRUE(check_layout(l, j).ok()) << l.str();
+      EXPECT_EQ(l.devices(), j.cluster.devices);
+      EXPECT_EQ(j.model.cfg.n_heads % l.tp, 0);
+      EXPECT_EQ(j.model.cfg.n_layers % (l.pp * l.vpp), 0);
+      EXPECT_EQ(j.global_batch % (l.dp * l.micro_batch), 0);
+      EXPECT_LE(c.memory.total, j.cluster.hw.device.memory_bytes * (1 - j.memory_margin)) << l.str();
+      EXPECT_GT(c.time.total, 0);
+    }
+    for (size_t i = 1; i < r.ranked.size(); ++i) EXPECT_LE(r.ranked[i - 1].time.total, r.ranked[i].time.total);
+  }
+}
+
+TEST(Search, FixedKnobsAreHonoured) {
+  Fixed f;
+  apply_fix(f, "tp=8");
+  apply_fix(f, "recompute=selective");
+  auto r = search(job("gpt3-175b", "a100:64", 2048, 128), f, 20);
+  for (auto& c : r.ranked) {
+    EXPECT_EQ(c.layout.tp, 8);
+    EXPECT_EQ(c.layout.recompute, Recompute::Selective);
+  }
+}
+
+TEST(Search, MoreBandwidthOrFlopsNeverSlowsTheChosenLayout) {
+  Job j = job("llama3-8b", "h100:8", 8192, 32);
+  auto best = search(j, {}, 1).ranked.front();
+  for (auto& s : sensitivity(j, {}, best.layout)) {
+    if (s.same_layout <= 0) continue;
+    if (s.factor == 2) {
+      EXPECT_LE(s.same_layout, best.time.total * (1 + 1e-9)) << s.figure;
+    } else {
+      EXPECT_GE(s.same_layout, best.time.total * (1 - 1e-9)) << s.figure;
+    }
+  }
+}
+
+TEST(Search, LayoutThatCannotDivideTheModelIsAOneLineError) {
+  Fixed f;
+  apply_fix(f, "tp=3");
+  std::string e = error_of([&] { search(job("megatron-7.5b", "a100:24", 2048, 48), f, 5); });
+  EXPECT_NE(e.find("no layout"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not divide the model"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+TEST(Search, ImpossibleBatchAndBadJobsAreOneLineErrors) {
+  Fixed f;
+  apply_fix(f, "dp=8");
+  std::string e = error_of([&] { search(job("mini", "a100:8", 256, 3), f, 5); });
+  EXPECT_NE(e.find("batch"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { search(job("mini", "a100:8", 4096, 8), {}, 5); }).find("exceeds"), std::string::npos);
+  EXPECT_NE(error_of([&] { search(job("mini", "a100:8", 256, 0), {}, 5); }).find("--global-batch"), std::string::npos);
+  EXPECT_NE(error_of([] { Fixed g; apply_fix(g, "warp=2"); }).find("not a layout key"), std::string::npos);
+  EXPECT_NE(error_of([] { Fixed g; apply_fix(g, "recompute=some"); }).find("valid"), std::string::npos);
+  // A model that cannot fit at all (405B on one A100) says why.
+  std::string mem = error_of([&] { search(job("llama3-405b", "a100:1", 8192, 8), {}, 5); });
+  EXPECT_NE(mem.find("does not fit in memory"), std::string::npos) << mem;
+}
+
+TEST(Validation, ErrorsAgainstPublishedResultsStayWithinTheRecordedBounds) {
+  auto rep = validate_file(LOOM_SOURCE_DIR "/tests/plan/published_results.toml", kDirs);
+  // Goals of issue 6 that are met:
+  EXPECT_LE(rep.throughput_mean, 0.10);
+  EXPECT_LE(rep.throughput_worst, 0.20);
+  EXPECT_LE(rep.memory_worst, 0.10);
+  // Goals not met; these pin the achieved bounds reported in docs/planner.md so a regression shows.
+  EXPECT_LE(rep.throughput_mean / rep.constant_mean, 0.65);  // goal 0.5
+  EXPECT_LE(rep.speedup_worst, 0.075);                        // goal 0.05
+  EXPECT_GT(rep.constant_mean, 0.05);  // the bar is a real one
+}
+
+TEST(PlanCli, PrintsJsonForAJobAndOneLineErrors) {
+  auto run = [](const std::string& args, int& rc) {
+    std::string out;
+    FILE* p = ::popen((std::string(LOOM_BINARY) + " " + args + " 2>&1").c_str(), "r");
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    rc = WEXITSTATUS(::pclose(p));
+    return out;
+  };
+  int rc = 0;
+  std::string out = run("plan --model llama3-8b --cluster " LOOM_SOURCE_DIR "/configs/hardware/h100.toml:16 --seq 8192 "
+                        "--global-batch 64 --top 3 --json",
+                        rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["layouts"].size(), 3u);
+  EXPECT_GT(j["layouts"][0]["tokens_per_s"].get<double>(), 0);
+  out = run("plan --model nope --cluster a100 --seq 2048 --global-batch 8", rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(out.find("loom: error: unknown model 'nope'"), 0u) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+}

@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "loom/error.h"
+#include "loom/profile/tracer.h"
+
+using namespace loom;
+using namespace loom::profile;
+
+TEST(Tracer, OffModeRecordsNothing) {
+  Tracer t(Tracer::Mode::Off);
+  { Span s(&t, "gemm_fwd", Category::Gemm, 1e9, 1e6); }
+  { Span s(nullptr, "no tracer", Category::Kernel); }
+  EXPECT_TRUE(t.stats().empty());
+  EXPECT_EQ(t.event_count(), 0u);
+}
+
+TEST(Tracer, SummaryAggregatesCallsTimeFlopsAndBytesPerName) {
+  Tracer t(Tracer::Mode::Summary);
+  for (int i = 0; i < 3; ++i) {
+    Span s(&t, "gemm_fwd", Category::Gemm, 2e6, 3e3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto st = t.stats().at("gemm_fwd");
+  EXPECT_EQ(st.calls, 3);
+  EXPECT_DOUBLE_EQ(st.flops, 6e6);
+  EXPECT_DOUBLE_EQ(st.bytes, 9e3);
+  EXPECT_GE(st.seconds, 0.006);
+  EXPECT_EQ(t.event_count(), 0u);  // summary keeps no events
+  t.reset_stats();
+  EXPECT_TRUE(t.stats().empty());
+}
+
+TEST(Tracer, BreakdownSplitsWallTimeIntoGemmKernelsAndHost) {
+  Tracer t(Tracer::Mode::Summary);
+  t.record("gemm_fwd", Category::Gemm, 0, 600'000'000, 1, 1);
+  t.record("layernorm_fwd", Category::Kernel, 0, 300'000'000, 1, 1);
+  t.record("step", Category::Step, 0, 1'000'000'000, 0, 0);
+  auto b = breakdown(t, 1.0);
+  EXPECT_NEAR(b.gemm_seconds, 0.6, 1e-12);
+  EXPECT_NEAR(b.kernel_seconds, 0.3, 1e-12);
+  EXPECT_NEAR(b.host_seconds, 0.1, 1e-9);
+  ASSERT_EQ(b.rows.size(), 2u);
+  EXPECT_EQ(b.rows[0].first, "gemm_fwd");  // sorted by time
+  EXPECT_NE(format_breakdown(b).find("host 10.0%"), std::string::npos) << format_breakdown(b);
+}
+
+TEST(Tracer, ChromeTraceIsValidJsonWithCompleteEvents) {
+  Tracer t(Tracer::Mode::Full, 3);
+  { Span s(&t, "attention_fwd", Category::Kernel, 5e8, 1e6); }
+  { Span s(&t, "step", Category::Step); }
+  auto path = std::filesystem::temp_directory_path() / ("loom-trace-" + std::to_string(::getpid()) + ".json");
+  t.write_chrome_trace(path.string());
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in);
+  int complete = 0;
+  for (auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++complete;
+      EXPECT_EQ(e["pid"], 3);
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+    }
+  }
+  EXPECT_EQ(complete, 2);
+  std::filesystem::remove(path);
+  EXPECT_THROW(t.write_chrome_trace("/nonexistent-dir/x.json"), IoError);
+}
