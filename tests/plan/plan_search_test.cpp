@@ -113,8 +113,8 @@ TEST(Validation, ErrorsAgainstPublishedResultsStayWithinTheRecordedBounds) {
   EXPECT_LE(rep.throughput_worst, 0.20);
   EXPECT_LE(rep.memory_worst, 0.10);
   // Goals not met; these pin the achieved bounds reported in docs/planner.md so a regression shows.
-  EXPECT_LE(rep.throughput_mean / rep.constant_mean, 0.65);  // goal 0.5
-  EXPECT_LE(rep.speedup_worst, 0.075);                        // goal 0.05
+  EXPECT_LE(rep.throughput_mean / rep.constant_mean, 0.58);  // goal 0.5; achieved 0.57
+  EXPECT_LE(rep.speedup_worst, 0.067);                        // goal 0.05; achieved 6.6% (22B)
   EXPECT_GT(rep.constant_mean, 0.05);  // the bar is a real one
 }
 

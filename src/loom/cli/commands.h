@@ -16,6 +16,7 @@ void register_generate(CLI::App& app, Action& action);
 void register_interchange(CLI::App& app, Action& action);  // export + import
 void register_plan(CLI::App& app, Action& action);
 void register_prepare(CLI::App& app, Action& action);
+void register_calibrate(CLI::App& app, Action& action);
 
 // Threads per rank: LOOM_THREADS, else `configured` if > 0, else every core.
 int resolve_threads(int configured);

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   loom::cli::register_info(app, action);
   loom::cli::register_interchange(app, action);
   loom::cli::register_plan(app, action);
+  loom::cli::register_calibrate(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

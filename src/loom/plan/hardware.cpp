@@ -120,23 +120,35 @@ Hardware load_hardware(const std::string& path) {
   return parse_hardware(ss.str(), path);
 }
 
-std::string hardware_to_toml(const Hardware& hw, const std::string& header) {
-  std::string out;
-  std::istringstream lines(header);
-  for (std::string l; std::getline(lines, l);) out += "# " + l + "\n";
+std::string hardware_to_toml(const Hardware& hw, const std::string& header,
+                             const std::map<std::string, std::string>& notes) {
+  auto comment = [](const std::string& text) {
+    std::string out;
+    std::istringstream lines(text);
+    for (std::string l; std::getline(lines, l);) out += "# " + l + "\n";
+    return out;
+  };
+  auto section = [&](const std::string& name) {
+    auto it = notes.find(name);
+    return (it == notes.end() ? std::string() : comment(it->second)) + "[" + name + "]\n";
+  };
+  std::string out = comment(header);
   const double T = 1e12, G = 1e9;
   out += fmt::format("name = \"{}\"\nsource = \"{}\"\n\n", hw.name, hw.source);
-  out += fmt::format("[device]\nname = \"{}\"\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", hw.device.name,
+  out += section("device");
+  out += fmt::format("name = \"{}\"\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", hw.device.name,
                      hw.device.memory_bytes / double(1ull << 30), hw.device.memory_bandwidth / G);
   out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n\n", hw.device.peak_bf16 / T,
                      hw.device.peak_fp8 / T, hw.device.peak_f32 / T);
-  out += fmt::format("[node]\ndevices = {}\n\n", hw.devices_per_node);
-  out += fmt::format("[intra_node]\nbandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\ntopology = \"{}\"\n\n",
-                     hw.intra_node.bandwidth / G, hw.intra_node.latency * 1e6, topology_name(hw.intra_node.topology));
-  out += fmt::format("[inter_node]\nbandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\n\n", hw.inter_node.bandwidth / G,
-                     hw.inter_node.latency * 1e6);
-  out += fmt::format("[efficiency]\ngemm_max = {:.4g}\ngemm_half_dim = {:.4g}\nmemory = {:.4g}\nlink = {:.4g}\n",
-                     hw.efficiency.gemm_max, hw.efficiency.gemm_half_dim, hw.efficiency.memory, hw.efficiency.link);
+  out += section("node") + fmt::format("devices = {}\n\n", hw.devices_per_node);
+  out += section("intra_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\ntopology = \"{}\"\n\n",
+                                             hw.intra_node.bandwidth / G, hw.intra_node.latency * 1e6,
+                                             topology_name(hw.intra_node.topology));
+  out += section("inter_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\n\n",
+                                             hw.inter_node.bandwidth / G, hw.inter_node.latency * 1e6);
+  out += section("efficiency") + fmt::format("gemm_max = {:.4g}\ngemm_half_dim = {:.4g}\nmemory = {:.4g}\nlink = {:.4g}\n",
+                                             hw.efficiency.gemm_max, hw.efficiency.gemm_half_dim,
+                                             hw.efficiency.memory, hw.efficiency.link);
   return out;
 }
 

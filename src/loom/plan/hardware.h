@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,8 +58,10 @@ struct Cluster {
 // invalid fields (naming the key and what would be valid).
 Hardware parse_hardware(const std::string& toml_text, const std::string& origin);
 Hardware load_hardware(const std::string& path);
-// Writes `hw` in the format parse_hardware reads (round-trips).
-std::string hardware_to_toml(const Hardware& hw, const std::string& header_comment);
+// Writes `hw` in the format parse_hardware reads (round-trips). `section_notes` maps a section name
+// ("device", "intra_node", ...) to comment lines written above it (e.g. "not measured").
+std::string hardware_to_toml(const Hardware& hw, const std::string& header_comment,
+                             const std::map<std::string, std::string>& section_notes = {});
 
 // Resolves "NAME[:DEVICES]" or "PATH.toml[:DEVICES]": NAME is looked up as NAME.toml in `search_dirs`.
 // DEVICES defaults to one node. Throws ConfigError listing the known names when nothing matches.

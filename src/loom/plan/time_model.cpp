@@ -138,12 +138,17 @@ StepTime step_time(const Layout& l, const Job& j) {
   const double head_flops = 3 * 2 * n * V / l.tp * h;
 
   // Pipeline p2p: each micro-batch crosses every chunk boundary forward and backward; Megatron's
-  // scatter-gather sends 1/tp of the activation per TP rank. Blocking, so on the critical path.
+  // scatter-gather sends 1/tp of the activation per TP rank, and the receiver then all-gathers the tp
+  // pieces over the intra-node link to rebuild the full activation (Narayanan et al. SC21, section
+  // 4.1; without SP every TP rank needs all of it). Blocking, so both are on the critical path.
   double p2p = 0;
   if (l.pp > 1) {
     const bool inter = l.tp * l.cp * l.dp >= dpn;
     const Link& link = inter ? hw.inter_node : hw.intra_node;
-    p2p = 2 * l.vpp * collective_time(Collective::SendRecv, n * h * 2 / l.tp, 2, link, hw.efficiency.link);
+    const double piece = n * h * 2 / l.tp;
+    double hop = collective_time(Collective::SendRecv, piece, 2, link, hw.efficiency.link);
+    if (l.tp > 1 && !l.sp) hop += group_collective_time(Collective::AllGather, n * h * 2, group(l.tp, 1, dpn), hw);
+    p2p = 2 * l.vpp * hop;
   }
   // Per micro-batch on the slowest (last) stage.
   const double stage_compute = layers * comp + head;
@@ -182,9 +187,12 @@ StepTime step_time(const Layout& l, const Job& j) {
     const double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw);
     st.zero = m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers);
   }
-  // Optimizer: AdamW streams master weight, grad, m, v (read + write) and writes the bf16 copy.
+  // Optimizer step, bytes per local parameter: AdamW streams the fp32 master weight, m and v (read +
+  // write: 24), reads the fp32 gradient (4) and writes the bf16 copy (2); gradient-norm clipping reads
+  // the gradients once more (4) and the accumulation buffer is zeroed for the next step (4). Counted
+  // from Megatron-LM's step (clip_grad_norm, FusedAdam, zero_grad_buffer); Loom's AdamW does the same.
   const double shard = l.zero >= 1 ? l.dp : 1;
-  st.memory_bound += (sp.dense + sp.expert) / shard * 30 / bw;
+  st.memory_bound += (sp.dense + sp.expert) / shard * (30 + 4 + 4) / bw;
 
   st.comm_exposed = st.tp + st.cp + st.ep + st.pp + st.dp + st.zero;
   st.total = st.compute + st.memory_bound + st.comm_exposed + st.bubble;

@@ -1,0 +1,193 @@
+// `loom calibrate --out FILE`: measures this machine -- GEMM rates per dtype
+// and size, streaming memory bandwidth -- and writes a hardware description in
+// the format of configs/hardware/*.toml, so `loom plan --cluster FILE` plans
+// for it. Collectives are not measured (no collectives library yet); the file
+// says so where their figures go.
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+#include "loom/cli/commands.h"
+#include "loom/core/allocator.h"
+#include "loom/core/cpu_features.h"
+#include "loom/error.h"
+#include "loom/kernels/cpu_backend.h"
+#include "loom/kernels/gemm.h"
+#include "loom/kernels/peak_probe.h"
+#include "loom/plan/calibration.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct CalibrateOptions {
+  std::string out;
+  int threads = 0;
+  bool quick = false;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best rate of one GEMM shape: a warm-up (primitive creation, page faults),
+// then repetitions until `budget` seconds have passed (at least two). Best, not
+// mean: other processes share the cores.
+plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
+                           double budget, Allocator &alloc) {
+  kernels::GemmDesc d{.M = M, .N = N, .K = K, .ab_type = dtype};
+  const size_t elt = dtype_size(dtype);
+  Buffer a(alloc, elt * M * K, MemCategory::Workspace),
+      b(alloc, elt * K * N, MemCategory::Workspace);
+  Buffer c(alloc, sizeof(float) * M * N, MemCategory::Workspace);
+  // Small non-zero values near 1 (as the peak probe): zeros or denormals could
+  // take unrepresentative paths.
+  for (size_t i = 0; i < elt * M * K; ++i)
+    static_cast<unsigned char *>(a.data())[i] =
+        static_cast<unsigned char>(i % 61 + 1);
+  for (size_t i = 0; i < elt * K * N; ++i)
+    static_cast<unsigned char *>(b.data())[i] =
+        static_cast<unsigned char>(i % 53 + 1);
+  for (size_t i = elt - 1; i < elt * M * K; i += elt)
+    static_cast<unsigned char *>(a.data())[i] = 0x3c;
+  for (size_t i = elt - 1; i < elt * K * N; i += elt)
+    static_cast<unsigned char *>(b.data())[i] = 0x3c;
+  auto run = [&] {
+    kernels::gemm(d, a.data(), b.data(), static_cast<float *>(c.data()),
+                  nullptr, alloc);
+  };
+  run();
+  const double flops = 2.0 * M * N * K;
+  double best = 0;
+  const auto start = Clock::now();
+  for (int rep = 0; rep < 2 || seconds_since(start) < budget; ++rep) {
+    const auto t0 = Clock::now();
+    run();
+    best = std::max(best, flops / seconds_since(t0));
+    if (rep > 1000)
+      break;
+  }
+  return {double(M), double(N), double(K), best};
+}
+
+// STREAM triad a = b + s*c over three arrays of `array_bytes`, parallel over
+// the compute threads, first-touched by the same threads. Best of `passes`;
+// counts 3 arrays per pass (STREAM's convention).
+plan::StreamSample time_triad(size_t array_bytes, int passes) {
+  const int64_t n = static_cast<int64_t>(array_bytes / sizeof(double));
+  std::unique_ptr<double[]> a(new double[n]), b(new double[n]),
+      c(new double[n]);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    a[i] = 0, b[i] = 1.0 + i % 7, c[i] = 2.0 - i % 5;
+  double best = 0;
+  for (int p = 0; p < passes + 1; ++p) {
+    const double s = 1.0 + p * 1e-3;
+    const auto t0 = Clock::now();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      a[i] = b[i] + s * c[i];
+    const double t = seconds_since(t0);
+    if (p > 0)
+      best = std::max(best, 3.0 * n * sizeof(double) / t); // pass 0 warms up
+  }
+  if (a[n / 2] == -1)
+    best = 0; // keeps the stores observable
+  return {double(n * sizeof(double)), best};
+}
+
+int run_calibrate(const CalibrateOptions &o) {
+  if (o.out.empty())
+    throw ConfigError("loom calibrate needs --out FILE");
+  const auto start = Clock::now();
+  Allocator alloc;
+  kernels::CpuBackend backend(alloc, nullptr, resolve_threads(o.threads));
+  plan::Calibration cal;
+  cal.threads = backend.threads();
+  cal.device_name = fmt::format("{} ({} threads)",
+                                CpuFeatures::detect().model_name, cal.threads);
+  cal.memory_bytes =
+      double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+
+  // Cubes from tile-sized to large, plus thin shapes (one small dimension, as a
+  // split attention head or a small micro-batch gives) so the fit sees each
+  // dimension's effect. --quick keeps it to seconds.
+  struct Shape {
+    int64_t M, N, K;
+  };
+  std::vector<Shape> shapes =
+      o.quick ? std::vector<Shape>{{32, 32, 32},
+                                   {64, 64, 64},
+                                   {128, 128, 128},
+                                   {64, 128, 128}}
+              : std::vector<Shape>{
+                    {64, 64, 64},     {128, 128, 128},    {256, 256, 256},
+                    {512, 512, 512},  {1024, 1024, 1024}, {2048, 2048, 2048},
+                    {64, 2048, 2048}, {2048, 64, 2048},   {2048, 2048, 64}};
+  const double budget = o.quick ? 0.01 : 0.3;
+  for (DType t : {DType::F32, DType::BF16}) {
+    auto &samples = t == DType::F32 ? cal.f32 : cal.bf16;
+    for (auto s : shapes)
+      samples.push_back(time_gemm(s.M, s.N, s.K, t, budget, alloc));
+    double peak = 0;
+    if (o.quick) {
+      for (auto &s : samples)
+        peak = std::max(peak, s.flops_per_s);
+      cal.peak_source = "best quick sample";
+    } else {
+      // The same cached probe `loom train` divides by for MFU, so plans and
+      // runs share one denominator.
+      auto p = kernels::device_peak_flops(t, cal.threads);
+      peak = p.flops_per_s;
+      cal.peak_source = p.source;
+    }
+    (t == DType::F32 ? cal.peak_f32 : cal.peak_bf16) = peak;
+  }
+  // Arrays past the reported L3 (480 MiB on the development machine, DESIGN.md)
+  // so the largest triad streams from DRAM; the smaller sizes show the cache
+  // levels.
+  const std::vector<size_t> arrays =
+      o.quick ? std::vector<size_t>{1 << 20, 4 << 20}
+              : std::vector<size_t>{16 << 20, 64 << 20, 256 << 20, 512 << 20};
+  for (size_t bytes : arrays)
+    cal.stream.push_back(time_triad(bytes, o.quick ? 2 : 4));
+
+  const std::string text = plan::calibration_to_toml(cal);
+  {
+    std::ofstream out(o.out);
+    if (!(out << text))
+      throw ConfigError("cannot write '" + o.out + "'");
+  }
+  const plan::Hardware hw = plan::load_hardware(
+      o.out); // the file must read back as a hardware description
+  fmt::print("{}: peak f32 {:.1f} / bf16 {:.1f} GFLOP/s, memory {:.1f} GB/s, "
+             "gemm_max {:.3f}, gemm_half_dim {:.3g} "
+             "({:.1f} s; links not measured)\n",
+             o.out, hw.device.peak_f32 * 1e-9, hw.device.peak_bf16 * 1e-9,
+             hw.device.memory_bandwidth * 1e-9, hw.efficiency.gemm_max,
+             hw.efficiency.gemm_half_dim, seconds_since(start));
+  return 0;
+}
+
+} // namespace
+
+void register_calibrate(CLI::App &app, Action &action) {
+  auto *cmd = app.add_subcommand(
+      "calibrate",
+      "Measure this machine into a hardware description for `loom plan`");
+  auto o = std::make_shared<CalibrateOptions>();
+  cmd->add_option("--out", o->out, "hardware TOML to write")->required();
+  cmd->add_option("--threads", o->threads,
+                  "compute threads (default: LOOM_THREADS or all cores)");
+  cmd->add_flag("--quick", o->quick,
+                "small sizes only (seconds; for tests, not for planning)");
+  cmd->callback([&action, o] { action = [o] { return run_calibrate(*o); }; });
+}
+
+} // namespace loom::cli

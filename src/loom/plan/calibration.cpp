@@ -1,0 +1,153 @@
+#include "loom/plan/calibration.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/error.h"
+
+namespace loom::plan {
+
+GemmCurve fit_gemm_curve(std::span<const RelativeSample> samples) {
+  GemmCurve best;
+  if (samples.empty())
+    return best;
+  // For a fixed half_dim the best log(gemm_max) is the mean residual (capped at
+  // 0: gemm_max <= 1), so a 1-D scan over half_dim (log-spaced, 0.5 .. 8192)
+  // finds the least-squares pair.
+  double best_sse = INFINITY;
+  for (double h = 0.5; h <= 8192; h *= 1.02) {
+    auto residual = [&](const RelativeSample &r) {
+      const double fill = std::log(r.s.M / (r.s.M + h)) +
+                          std::log(r.s.N / (r.s.N + h)) +
+                          std::log(r.s.K / (r.s.K + h));
+      return std::log(r.s.flops_per_s / r.peak) - fill;
+    };
+    double mean = 0;
+    for (auto &r : samples)
+      mean += residual(r) / samples.size();
+    mean = std::min(mean, 0.0);
+    double sse = 0;
+    for (auto &r : samples)
+      sse += std::pow(residual(r) - mean, 2);
+    if (sse < best_sse)
+      best_sse = sse,
+      best = {std::exp(mean), h, std::sqrt(sse / samples.size())};
+  }
+  return best;
+}
+
+Hardware hardware_from_calibration(const Calibration &c) {
+  if (c.peak_bf16 <= 0 || c.bf16.empty())
+    throw ConfigError("calibration has no bf16 GEMM rate");
+  if (c.stream.empty())
+    throw ConfigError("calibration has no memory-bandwidth measurement");
+  Hardware hw;
+  hw.name = "calibrated";
+  hw.source = fmt::format("loom calibrate, {} threads", c.threads);
+  hw.device.name = c.device_name;
+  hw.device.peak_f32 = c.peak_f32;
+  hw.device.peak_bf16 = c.peak_bf16;
+  hw.device.memory_bytes = c.memory_bytes;
+  // The largest working set: the only one sure to stream from DRAM (a large L3
+  // holds the smaller ones).
+  auto largest =
+      std::max_element(c.stream.begin(), c.stream.end(), [](auto &a, auto &b) {
+        return a.array_bytes < b.array_bytes;
+      });
+  hw.device.memory_bandwidth = largest->bytes_per_s;
+  hw.devices_per_node =
+      1; // the CPU is one device; ranks on it share its cores and memory
+  // Not measured (no collectives library yet): a shared-memory copy reads and
+  // writes each byte, so half the streaming bandwidth is the most a same-node
+  // transfer could reach; the latency is a guess.
+  hw.intra_node = {hw.device.memory_bandwidth / 2, 1e-6, Topology::Switch};
+  hw.inter_node = hw.intra_node;
+  std::vector<RelativeSample> rel;
+  for (auto &s : c.f32)
+    rel.push_back({s, c.peak_f32});
+  for (auto &s : c.bf16)
+    rel.push_back({s, c.peak_bf16});
+  std::erase_if(rel,
+                [](auto &r) { return r.peak <= 0 || r.s.flops_per_s <= 0; });
+  const GemmCurve curve = fit_gemm_curve(rel);
+  hw.efficiency.gemm_max = curve.gemm_max;
+  hw.efficiency.gemm_half_dim = curve.gemm_half_dim;
+  hw.efficiency.memory =
+      1.0; // memory_bandwidth is already the measured streaming rate
+  return hw;
+}
+
+std::string calibration_to_toml(const Calibration &c) {
+  const Hardware hw = hardware_from_calibration(c);
+  std::vector<RelativeSample> rel;
+  for (auto &s : c.f32)
+    rel.push_back({s, c.peak_f32});
+  for (auto &s : c.bf16)
+    rel.push_back({s, c.peak_bf16});
+  const GemmCurve curve = fit_gemm_curve(rel);
+  const std::string header =
+      fmt::format("Measured by `loom calibrate` on {}. Peaks: {} (Loom's MFU "
+                  "denominator).\n"
+                  "GEMM efficiency curve fitted to the [calibration] samples "
+                  "below (rms log error {:.3f}).\n"
+                  "Memory bandwidth: STREAM triad over the largest arrays "
+                  "measured (see [calibration]).",
+                  c.device_name, c.peak_source, curve.rms_log_error);
+  const std::string not_measured =
+      "NOT MEASURED: Loom has no collectives library yet. Placeholder: half "
+      "the streaming bandwidth\n"
+      "(a shared-memory copy reads and writes each byte), 1 us latency. Do not "
+      "trust plans that communicate.";
+  std::string out = hardware_to_toml(
+      hw, header,
+      {{"device", "memory_GiB: physical memory of the machine. peak_tflops: "
+                  "the GEMM peak named in the header (fp8: none)."},
+       {"node", "This CPU is one device."},
+       {"intra_node", not_measured},
+       {"inter_node", "NOT MEASURED: no network between machines is known; "
+                      "copies intra_node."},
+       {"efficiency",
+        "gemm_max, gemm_half_dim: fitted (see header). memory = 1: the "
+        "bandwidth above is\n"
+        "measured streaming. link: NOT MEASURED, the default of hardware.h."}});
+  auto list = [](auto const &v, auto f) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i)
+      s += (i ? ", " : "") + f(v[i]);
+    return s + "]";
+  };
+  auto shapes = [&](const std::vector<GemmSample> &v) {
+    return list(v, [](const GemmSample &s) {
+      return fmt::format("[{}, {}, {}]", s.M, s.N, s.K);
+    });
+  };
+  auto rates = [&](const std::vector<GemmSample> &v) {
+    return list(v, [](const GemmSample &s) {
+      return fmt::format("{:.4g}", s.flops_per_s * 1e-9);
+    });
+  };
+  out += "\n# Raw measurements (not read by the planner). GEMM shapes are [M, "
+         "N, K]; rates in GFLOP/s, best of the\n"
+         "# timed repetitions. Stream: triad a = b + s*c over three arrays of "
+         "array_MiB each, GB/s counting 3 arrays.\n";
+  out += fmt::format("[calibration]\nthreads = {}\n", c.threads);
+  out += fmt::format("gemm_f32_shapes = {}\ngemm_f32_GFLOPs = {}\n",
+                     shapes(c.f32), rates(c.f32));
+  out += fmt::format("gemm_bf16_shapes = {}\ngemm_bf16_GFLOPs = {}\n",
+                     shapes(c.bf16), rates(c.bf16));
+  out += fmt::format("stream_array_MiB = {}\n",
+                     list(c.stream, [](const StreamSample &s) {
+                       return fmt::format("{:.4g}", s.array_bytes / (1 << 20));
+                     }));
+  out += fmt::format("stream_GBps = {}\n",
+                     list(c.stream, [](const StreamSample &s) {
+                       return fmt::format("{:.4g}", s.bytes_per_s * 1e-9);
+                     }));
+  out +=
+      fmt::format("gemm_curve_rms_log_error = {:.4g}\n", curve.rms_log_error);
+  return out;
+}
+
+} // namespace loom::plan

@@ -1,0 +1,70 @@
+// What `loom calibrate` measured on this machine, and how it becomes a hardware
+// description: the size-dependent GEMM efficiency curve fitted to the measured
+// rates, the raw measurements kept beside it.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/plan/hardware.h"
+
+namespace loom::plan {
+
+// One measured GEMM: C[M,N] = A[M,K] B[K,N] at `flops_per_s` (best of its timed
+// repetitions).
+struct GemmSample {
+  double M = 0, N = 0, K = 0;
+  double flops_per_s = 0;
+};
+
+// A measured streaming rate: `bytes_per_s` over arrays of `array_bytes` each
+// (STREAM triad counting: 3 arrays' bytes per pass, write-allocate traffic not
+// counted).
+struct StreamSample {
+  double array_bytes = 0;
+  double bytes_per_s = 0;
+};
+
+struct Calibration {
+  std::string device_name;
+  int threads = 1;
+  double memory_bytes =
+      0; // what the device may use (physical memory for a CPU)
+  double peak_f32 = 0,
+         peak_bf16 =
+             0; // FLOP/s the curve is relative to (Loom's MFU denominator)
+  std::string
+      peak_source; // where the peaks came from ("measured", "cache ...", ...)
+  std::vector<GemmSample> f32, bf16;
+  std::vector<StreamSample>
+      stream; // the largest array size gives the reported bandwidth
+};
+
+// The curve of time_model.h, rate = peak * gemm_max * prod_d d / (d +
+// gemm_half_dim), fitted by least squares on log(rate / peak) over all samples;
+// gemm_max is capped at 1 (peak is a measured rate).
+struct GemmCurve {
+  double gemm_max = 1, gemm_half_dim = 0;
+  double rms_log_error =
+      0; // of the fit, in natural-log units (0.05 ~ 5% typical miss)
+};
+struct RelativeSample {
+  GemmSample s;
+  double peak = 0;
+};
+GemmCurve fit_gemm_curve(std::span<const RelativeSample> samples);
+
+// The hardware description of one calibrated device: measured peaks, memory and
+// bandwidth, the fitted curve; link figures are placeholders (nothing measures
+// collectives yet). Throws ConfigError when a figure the format needs is
+// missing (no bf16 rate, no stream sample).
+Hardware hardware_from_calibration(const Calibration &c);
+
+// The whole file `loom calibrate` writes: the hardware description
+// (parse_hardware reads it back) with comments marking what was not measured,
+// then a [calibration] table of the raw measurements, which the planner
+// ignores.
+std::string calibration_to_toml(const Calibration &c);
+
+} // namespace loom::plan
