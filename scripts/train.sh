@@ -6,4 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)" --target loom
+# The default corpus (Debian's fortunes, installed by setup.sh) is tokenized once into data/fortunes.
+if [[ ! -f data/fortunes/manifest.json ]]; then
+  ./build/loom prepare --input /usr/share/games/fortunes --out data/fortunes
+fi
 exec ./build/loom train --config configs/mini.toml "$@"

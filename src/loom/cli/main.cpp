@@ -16,8 +16,10 @@ int main(int argc, char** argv) {
   loom::cli::Action action;
   loom::cli::register_train(app, action);
   loom::cli::register_info(app, action);
+  loom::cli::register_generate(app, action);
   loom::cli::register_interchange(app, action);
   loom::cli::register_plan(app, action);
+  loom::cli::register_prepare(app, action);
   loom::cli::register_calibrate(app, action);
   try {
     app.parse(argc, argv);

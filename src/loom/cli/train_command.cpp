@@ -151,6 +151,9 @@ int run_train(const TrainOptions& o) {
   say(fmt::format("done: loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
                   last_loss, last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
                   alloc.total().peak / 1048576.0, log.path()));
+  if (med_mfu > 1.0)
+    say(fmt::format("note: MFU above 100% means the device peak ({}) is too low -- it was probably measured on a busy "
+                    "machine; run `loom info --remeasure` on an idle one", peak.source));
   if (tracer.on() && !o.quiet && wall > 0) say(profile::format_breakdown(profile::breakdown(tracer, wall)));
   if (!cfg.trace.file.empty()) {
     tracer.write_chrome_trace(cfg.trace.file);

@@ -61,6 +61,11 @@ std::string cache_key(DType dtype, int threads) {
 }
 }  // namespace
 
+void forget_cached_peak(DType dtype, int threads) {
+  std::error_code ec;
+  fs::remove(cache_dir() / cache_key(dtype, threads), ec);
+}
+
 PeakFlops device_peak_flops(DType dtype, int threads) {
   if (const char* env = std::getenv("LOOM_PEAK_FLOPS")) {
     double v = std::atof(env);

@@ -18,6 +18,10 @@ struct PeakFlops {
 // $XDG_CACHE_HOME/loom, else ~/.cache/loom.
 PeakFlops device_peak_flops(DType dtype, int threads);
 
+// Removes the cached value, so the next device_peak_flops() measures again (a peak measured on a
+// busy machine is too low and inflates every MFU after it).
+void forget_cached_peak(DType dtype, int threads);
+
 // The probe itself, uncached: best rate over the three cube sizes (a warm-up and two timed runs each).
 double measure_gemm_peak(DType dtype);
 
