@@ -10,4 +10,7 @@ cmake --build build -j"$(nproc)" --target loom
 if [[ ! -f data/fortunes/manifest.json ]]; then
   ./build/loom prepare --input /usr/share/games/fortunes --out data/fortunes
 fi
-exec ./build/loom train --config configs/mini.toml "$@"
+# A second run continues the first from its latest checkpoint (a finished run stays finished).
+resume=()
+[[ -f checkpoints/mini/latest ]] && resume=(--resume)
+exec ./build/loom train --config configs/mini.toml "${resume[@]}" "$@"

@@ -101,6 +101,11 @@ int run_train(const TrainOptions& o) {
       say("note: these keys differ from the checkpoint's, so the run will not reproduce the original: " + keys);
     }
   }
+  if (trainer.start_step() >= cfg.train.steps) {
+    say(fmt::format("the run is already complete at step {} (train.steps = {}); raise train.steps to train further",
+                    trainer.start_step(), cfg.train.steps));
+    return 0;
+  }
   train::install_preemption_handlers();
   int64_t last_saved = trainer.start_step();
 
