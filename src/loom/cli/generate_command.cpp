@@ -76,14 +76,22 @@ int run_generate(const GenerateOptions& o) {
   if (tokenizer) fmt::print("{}", o.prompt);
   std::vector<int32_t> out;
   const int32_t eos = tokenizer ? tokenizer->eos_id() : -1;
-  std::string shown;
+  // Continuations are decoded together with the prompt: sentencepiece drops the leading space of a
+  // text's first piece, so decoding the new tokens alone would glue them to the prompt.
+  std::vector<int32_t> all = prompt;
+  const std::string prompt_text = tokenizer ? tokenizer->decode(prompt) : "";
+  std::string shown = prompt_text;
   for (int64_t i = 0; i < n; ++i) {
     int32_t next = model::sample_token(logits, o.sampling, static_cast<uint64_t>(i));
-    if (next == eos) break;
+    if (next == eos) {
+      if (!o.quiet) fmt::print(stderr, "[end of text]");
+      break;
+    }
     out.push_back(next);
+    all.push_back(next);
     if (tokenizer) {
-      // Decode the whole continuation and print what is new: tokens can split a UTF-8 character.
-      std::string text = tokenizer->decode(out);
+      // Print only what is new, and only once it decodes stably: a token can end mid-character.
+      std::string text = tokenizer->decode(all);
       if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
         fmt::print("{}", text.substr(shown.size()));
         std::fflush(stdout);
@@ -95,6 +103,7 @@ int run_generate(const GenerateOptions& o) {
     if (i + 1 < n) logits = gen.feed(std::span<const int32_t>(&next, 1));
   }
   fmt::print("\n");
+  std::fflush(stdout);  // the text before the statistics on stderr, also when both go to one terminal
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!o.quiet)
     fmt::print(stderr, "generated {} tokens in {:.2f} s ({:.1f} tokens/s, prompt {} tokens, KV cache)\n", out.size(), s,
