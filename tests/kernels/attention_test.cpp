@@ -4,6 +4,8 @@
 #include "loom/kernels/attention.h"
 
 #include <gtest/gtest.h>
+
+#include "../test_support.h"
 #include <omp.h>
 
 #include <algorithm>
@@ -158,17 +160,7 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
   EXPECT_LE(worst, rtol) << what << ": worst at " << worst_i << " got " << got[worst_i] << " want " << want[worst_i];
 }
 
-// Sets the OpenMP thread count for a scope.
-class Threads {
- public:
-  explicit Threads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int saved_;
-};
+using Threads = loom::test::ScopedThreads;
 
 // Shapes with T off the 64-tile grid (1, 7, 65, 130), D below, at, off and above a 16-float vector and
 // the 64-float column chunk (8, 16, 24, 40, 64, 80, 128), and GQA groups of 2, 3 and all heads (KVH = 1).

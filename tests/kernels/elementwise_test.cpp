@@ -3,6 +3,8 @@
 // finite differences of that float64 forward, the gradient conventions (accumulate vs write), and
 // determinism. Inputs are random from a logged seed; rerun a failure with LOOM_TEST_SEED=<seed>.
 #include <gtest/gtest.h>
+
+#include "../test_support.h"
 #include <omp.h>
 
 #include <algorithm>
@@ -28,25 +30,9 @@ namespace {
 using Vec = std::vector<float>;
 using DVec = std::vector<double>;
 
-uint32_t run_seed() {
-  static const uint32_t seed = [] {
-    if (const char* s = std::getenv("LOOM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-    return std::random_device{}();
-  }();
-  return seed;
-}
+uint32_t run_seed() { return static_cast<uint32_t>(loom::test::fresh_seed()); }
 
-// Sets the OpenMP thread count for a scope (the kernels' partitions depend on it).
-class Threads {
- public:
-  explicit Threads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int saved_;
-};
+using Threads = loom::test::ScopedThreads;
 
 class ElementwiseTest : public ::testing::Test {
  protected:

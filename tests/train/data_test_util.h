@@ -10,18 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+
+#include "../test_support.h"
 #include <string>
 #include <vector>
 
 namespace loom::test {
 
-inline uint64_t fresh_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* s = std::getenv("LOOM_TEST_SEED")) return static_cast<uint64_t>(std::strtoull(s, nullptr, 10));
-    return (static_cast<uint64_t>(std::random_device{}()) << 32) | static_cast<uint64_t>(std::random_device{}());
-  }();
-  return seed;
-}
 
 inline void log_seed() {
   std::cout << "[ seed     ] LOOM_TEST_SEED=" << fresh_seed() << "\n";
