@@ -66,6 +66,12 @@ TEST(TrainCli, QuietPrintsNothingButTheJsonSummary) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_NO_THROW(nlohmann::json::parse(r.out));
+  // A second run in the same folder keeps the first run's log beside its own.
+  ASSERT_EQ(run("train --set model.preset=tiny --set train.steps=3 --set train.out_dir=" + dir.string() + " -q").rc, 0);
+  int kept = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    kept += e.path().filename().string().rfind("metrics-", 0) == 0;
+  EXPECT_EQ(kept, 1);
   fs::remove_all(dir);
 }
 

@@ -95,9 +95,8 @@ Tensors collect(Trainer& t) {
 }  // namespace
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resuming) : dir_(std::move(dir)), keep_(keep) {
+  // The folder is created by the first save: a run that never saves leaves nothing behind.
   std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec) throw IoError("cannot create checkpoint.dir '" + dir_ + "': " + ec.message());
   if (resuming) {
     if (auto l = latest()) run_id_ = read_json(fs::path(*l) / "manifest.json").value("run_id", "");
   } else if (holds_checkpoints(dir_)) {
@@ -125,6 +124,8 @@ std::string CheckpointManager::save(Trainer& trainer, int64_t step) {
   auto previous = latest();
   try {
     std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError("cannot create checkpoint.dir '" + dir_ + "': " + ec.message());
     fs::remove_all(tmp, ec);
     if (!fs::create_directory(tmp, ec)) throw IoError("cannot create '" + tmp.string() + "': " + ec.message());
     Tensors t = collect(trainer);

@@ -42,6 +42,14 @@ MetricsLog::MetricsLog(const std::string& out_dir, bool append)
     : path_((fs::path(out_dir) / "metrics.jsonl").string()) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
+  // A new run never overwrites an earlier run's log: it is kept beside, named by its last write time.
+  if (!append && fs::file_size(path_, ec) > 0 && !ec) {
+    auto stamp = std::chrono::duration_cast<std::chrono::seconds>(
+                     fs::last_write_time(path_).time_since_epoch()).count();
+    fs::path kept = fs::path(out_dir) / ("metrics-" + std::to_string(stamp) + ".jsonl");
+    fs::rename(path_, kept, ec);
+    if (ec) throw IoError("cannot keep the earlier log '" + path_ + "' as '" + kept.string() + "': " + ec.message());
+  }
   file_.reset(std::fopen(path_.c_str(), append ? "a" : "w"));
   if (!file_) throw IoError("cannot write metrics log '" + path_ + "': check train.out_dir is writable");
 }

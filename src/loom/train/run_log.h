@@ -23,8 +23,9 @@ void write_run_manifest(const std::string& out_dir, const RunConfig& cfg, const 
 
 class MetricsLog {
  public:
-  // Opens out_dir/metrics.jsonl: truncated for a new run, appended to when resuming (the lines of
-  // the steps before the checkpoint stay). Throws IoError naming the path.
+  // Opens out_dir/metrics.jsonl: appended to when resuming (the lines of the steps before the
+  // checkpoint stay); for a new run, an earlier run's log is first renamed to metrics-<time>.jsonl.
+  // Throws IoError naming the path.
   MetricsLog(const std::string& out_dir, bool append);
   void write(const StepMetrics& s);
   const std::string& path() const { return path_; }
