@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "loom/cli/commands.h"
@@ -27,9 +28,9 @@ struct TrainOptions {
   std::string trace;
   bool quiet = false;
   bool json = false;
-  int64_t save_every = -1;
+  std::optional<int64_t> save_every;
   std::string save_dir;
-  int64_t keep = -1;
+  std::optional<int64_t> keep;
   bool resume = false;
   std::string resume_from;
 };
@@ -52,9 +53,9 @@ int run_train(const TrainOptions& o) {
   train::RunConfig cfg = o.config.empty() ? train::parse_run_config("", "<defaults>", o.sets)
                                           : train::load_run_config(o.config, o.sets);
   if (!o.trace.empty()) cfg.trace.file = o.trace;
-  if (o.save_every >= 0) cfg.checkpoint.save_every = o.save_every;
+  if (o.save_every) cfg.checkpoint.save_every = *o.save_every;  // validate() below refuses negatives
   if (!o.save_dir.empty()) cfg.checkpoint.dir = o.save_dir;
-  if (o.keep >= 0) cfg.checkpoint.keep = o.keep;
+  if (o.keep) cfg.checkpoint.keep = *o.keep;
   cfg.validate();
   const int threads = resolve_threads(cfg.train.threads);
   const bool tty = isatty(STDERR_FILENO);
