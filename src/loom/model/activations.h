@@ -12,7 +12,8 @@ namespace loom::model {
 // What one transformer block saves. Names follow the block's data flow:
 // x_in -> norm1 -> qkv -> attention -> att -> out-proj (+x_in) -> x_mid -> norm2 -> h_pre -> act -> h_act
 // -> down-proj (+x_mid) -> x_out. `*_lp` are bf16 copies used as GEMM inputs in bf16 mode (else
-// they alias the f32 tensor).
+// they alias the f32 tensor); in bf16 mode n1_out, n2_out and h_act are views of one scratch shared by
+// all layers (only their bf16 copies are saved).
 struct BlockActivations {
   Tensor n1_mean, n1_rstd, n1_out, n1_lp;
   Tensor qkv;       // [N, (H + 2 KVH) * D], rotary already applied to q and k

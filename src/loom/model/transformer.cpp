@@ -1,5 +1,6 @@
 #include "loom/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/error.h"
@@ -82,16 +83,21 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
   c.tokens = Tensor::empty({B, T}, DType::I32, alloc, act);
   c.targets = Tensor::empty({B, T}, DType::I32, alloc, act);
   for (int64_t l = 0; l <= cfg_.n_layers; ++l) c.residual.push_back(f32({N, C}));
+  // In bf16 mode the f32 outputs of the norms and the MLP activation only feed a cast to the bf16 copy
+  // that GEMMs and backward read, so every layer writes them into one shared scratch. In fp32 mode
+  // they are the saved tensors themselves and each layer keeps its own.
+  Tensor scratch = lowp_ ? f32({N * std::max(C, F)}) : Tensor();
+  auto f32_or_scratch = [&](Shape s) { return lowp_ ? scratch.view(0, s) : f32(s); };
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     BlockActivations a;
-    a.n1_mean = f32({N}), a.n1_rstd = f32({N}), a.n1_out = f32({N, C}), a.n1_lp = lp(a.n1_out);
+    a.n1_mean = f32({N}), a.n1_rstd = f32({N}), a.n1_out = f32_or_scratch({N, C}), a.n1_lp = lp(a.n1_out);
     a.qkv = f32({N, QKV}), a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
     a.x_mid = f32({N, C});
-    a.n2_mean = f32({N}), a.n2_rstd = f32({N}), a.n2_out = f32({N, C}), a.n2_lp = lp(a.n2_out);
-    a.h_pre = f32({N, HPRE}), a.h_act = f32({N, F}), a.h_act_lp = lp(a.h_act);
+    a.n2_mean = f32({N}), a.n2_rstd = f32({N}), a.n2_out = f32_or_scratch({N, C}), a.n2_lp = lp(a.n2_out);
+    a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
     c.blocks.push_back(std::move(a));
   }
-  c.nf_mean = f32({N}), c.nf_rstd = f32({N}), c.nf_out = f32({N, C}), c.nf_lp = lp(c.nf_out);
+  c.nf_mean = f32({N}), c.nf_rstd = f32({N}), c.nf_out = f32_or_scratch({N, C}), c.nf_lp = lp(c.nf_out);
   c.logits = f32({N, cfg_.vocab_size});
   c.losses = f32({N});
   c.d_res = f32({N, C}), c.d_norm = f32({N, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
