@@ -11,6 +11,7 @@ packages=(
   libtomlplusplus-dev              # TOML configs
   nlohmann-json3-dev               # JSON metrics, manifests, safetensors headers
   libfmt-dev                       # GCC 12's libstdc++ has no <format>
+  libopenmpi-dev openmpi-bin      # MPI transport between nodes; the baseline of `loom bench comm`
   libsentencepiece-dev             # BPE tokenizer training and encoding (loom prepare)
   fortunes                         # the default training corpus (text files under /usr/share/games/fortunes)
   python3-torch python3-numpy      # PyTorch parity references and benchmark baselines (/usr/bin/python3)

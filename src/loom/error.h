@@ -42,4 +42,16 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
+// A collective, the rendezvous or a transport failed: names the rank, group, op and peers involved.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective or rendezvous missed its deadline (LOOM_COMM_TIMEOUT): names who never arrived.
+class CommTimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 }  // namespace loom
