@@ -17,6 +17,8 @@ void register_interchange(CLI::App& app, Action& action);  // export + import
 void register_plan(CLI::App& app, Action& action);
 void register_prepare(CLI::App& app, Action& action);
 void register_calibrate(CLI::App& app, Action& action);
+void register_run(CLI::App& app, Action& action);         // the launcher
+void register_bench(CLI::App& app, Action& action);       // bench comm
 
 // Threads per rank: LOOM_THREADS, else `configured` if > 0, else every core.
 int resolve_threads(int configured);

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   loom::cli::register_plan(app, action);
   loom::cli::register_prepare(app, action);
   loom::cli::register_calibrate(app, action);
+  loom::cli::register_run(app, action);
+  loom::cli::register_bench(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -27,6 +27,9 @@ class Allocator {
   void* allocate(size_t bytes, MemCategory category);
   void deallocate(void* ptr, size_t bytes, MemCategory category) noexcept;
 
+  // Counts memory obtained elsewhere (the collectives' shared-memory arena) under `category`.
+  void note_external(MemCategory category, ptrdiff_t delta) { note_change(category, delta); }
+
   MemStats stats(MemCategory category) const;
   // Live bytes over all categories, and the high-water mark of that sum.
   MemStats total() const;

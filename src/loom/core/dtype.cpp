@@ -4,6 +4,7 @@
 #include <cctype>
 #include <string>
 
+#include "loom/core/bf16.h"
 #include "loom/error.h"
 
 namespace loom {
@@ -28,6 +29,27 @@ DType parse_dtype(std::string_view s) {
   if (l == "i64" || l == "int64") return DType::I64;
   if (l == "f64" || l == "float64" || l == "fp64") return DType::F64;
   throw ConfigError("unsupported dtype '" + std::string(s) + "' (valid: f32, bf16, i32, i64, f64)");
+}
+
+double load_element(const void* data, size_t i, DType t) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(data)[i];
+    case DType::F64: return static_cast<const double*>(data)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(data)[i]);
+    case DType::I32: return static_cast<const int32_t*>(data)[i];
+    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+  }
+  return 0;
+}
+
+void store_element(void* data, size_t i, DType t, double v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
+    case DType::F64: static_cast<double*>(data)[i] = v; break;
+    case DType::BF16: static_cast<bf16*>(data)[i] = f32_to_bf16(static_cast<float>(v)); break;
+    case DType::I32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
+    case DType::I64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
+  }
 }
 
 }  // namespace loom

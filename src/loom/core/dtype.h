@@ -26,4 +26,9 @@ std::string_view dtype_name(DType t);
 // Parses "f32"/"F32"/"float32", "bf16"/"bfloat16", ...; throws ConfigError naming the valid choices.
 DType parse_dtype(std::string_view s);
 
+// Element i of a buffer of type t, as a double (tests, benchmarks and checks: not a hot path).
+double load_element(const void* data, size_t i, DType t);
+// Stores v (rounded to nearest for bf16, truncated for integers) as element i.
+void store_element(void* data, size_t i, DType t, double v);
+
 }  // namespace loom

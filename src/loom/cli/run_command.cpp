@@ -1,0 +1,264 @@
+// `loom run`: the launcher. Starts N ranks of a command on this node with torchrun-style variables,
+// hosts the rendezvous store (node 0), and watches the ranks: one failure stops the job, and the
+// launcher says which rank failed and how.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/cli/commands.h"
+#include "loom/comm/job_env.h"
+#include "loom/comm/store.h"
+#include "loom/error.h"
+
+namespace loom::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunArgs {
+  int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0 on one node: pick a free port
+  double kill_grace_s = 3.0;
+  double stop_timeout_s = 60.0;
+  std::vector<std::string> command;
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+};
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return fmt::format("was killed by signal {} (SIG{}{})", sig, abbrev ? abbrev : "?",
+                       WCOREDUMP(status) ? ", core dumped" : "");
+  }
+  return fmt::format("ended with wait status {}", status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// `loom` as the command means this very binary, so `loom run -- loom train` works without loom on PATH.
+std::string resolve_program(const std::string& program) {
+  if (program != "loom") return program;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? program : self.string();
+}
+
+// Shared-memory segments of this job that a killed rank could not unlink (ranks unlink them as soon as
+// all have mapped them, so only a crash during set-up leaves any).
+int remove_leftover_segments(const std::string& job_id) {
+  int removed = 0;
+  std::error_code ec;
+  const std::string prefix = "loom-" + job_id + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && std::filesystem::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
+void validate(const RunArgs& a) {
+  if (a.command.empty())
+    throw ConfigError("loom run: no command to launch: write it after `--`, e.g. loom run -n 2 -- loom train");
+  if (a.nproc < 1 || a.nproc > 1024) throw ConfigError(fmt::format("loom run: -n {} must be 1..1024 ranks per node", a.nproc));
+  if (a.nnodes < 1) throw ConfigError(fmt::format("loom run: --nnodes {} must be at least 1", a.nnodes));
+  if (a.node_rank < 0 || a.node_rank >= a.nnodes)
+    throw ConfigError(fmt::format("loom run: --node-rank {} must be 0..{} (--nnodes {})", a.node_rank, a.nnodes - 1, a.nnodes));
+  if (a.master_port < 0 || a.master_port > 65535)
+    throw ConfigError(fmt::format("loom run: --master-port {} is not a TCP port (1..65535)", a.master_port));
+  if (a.kill_grace_s < 0 || a.stop_timeout_s < 0)
+    throw ConfigError("loom run: --kill-grace and --stop-timeout must not be negative");
+}
+
+// Blocks the signals the launcher handles itself, so the watch loop takes them synchronously.
+sigset_t watched_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
+[[noreturn]] void exec_rank(const RunArgs& a, const std::vector<std::string>& env, pid_t launcher, pid_t group,
+                            const sigset_t& old_mask) {
+  // One process group for the job, so the launcher can signal ranks and whatever they start.
+  ::setpgid(0, group == 0 ? 0 : group);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: nobody would watch or stop us
+  if (::getppid() != launcher) ::_exit(127);
+  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  std::vector<char*> argv, envp;
+  const std::string program = resolve_program(a.command[0]);
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (size_t i = 1; i < a.command.size(); ++i) argv.push_back(const_cast<char*>(a.command[i].c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  ::execvpe(program.c_str(), argv.data(), envp.data());
+  std::fprintf(stderr, "loom run: cannot start '%s': %s\n", program.c_str(), std::strerror(errno));
+  ::_exit(127);
+}
+
+int launch(const RunArgs& a) {
+  validate(a);
+  auto base_env = comm::current_environment();
+  std::string secret = base_env.contains("LOOM_JOB_SECRET") ? base_env["LOOM_JOB_SECRET"] : "";
+  if (a.nnodes > 1 && secret.empty())
+    throw ConfigError(
+        "loom run: a multi-node job needs the same LOOM_JOB_SECRET on every node: export "
+        "LOOM_JOB_SECRET=$(head -c32 /dev/urandom | xxd -p -c64) and pass it to every node's `loom run`");
+  if (a.nnodes > 1 && a.master_port == 0)
+    throw ConfigError("loom run: a multi-node job needs --master-port (the same on every node), e.g. --master-port 29500");
+  if (secret.empty()) secret = comm::make_job_secret();
+  const std::string job_id = base_env.contains("LOOM_JOB_ID") ? base_env["LOOM_JOB_ID"] : secret.substr(0, 16);
+
+  // Node 0 hosts the store for the job's lifetime; loopback only unless other nodes must reach it.
+  std::unique_ptr<comm::StoreServer> server;
+  int port = a.master_port;
+  if (a.node_rank == 0) {
+    server = std::make_unique<comm::StoreServer>(a.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", a.master_port, secret);
+    port = server->port();
+  }
+
+  const int world = a.nproc * a.nnodes;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const bool user_threads = base_env.contains("LOOM_THREADS");
+  base_env.erase("OMPI_COMM_WORLD_RANK");  // a loom-run job is not an mpirun job, even when nested in one
+  base_env.erase("SLURM_PROCID");
+
+  const sigset_t handled = watched_signals();
+  sigset_t old_mask;
+  ::sigprocmask(SIG_BLOCK, &handled, &old_mask);
+
+  std::vector<Rank> ranks(a.nproc);
+  const pid_t self = ::getpid();
+  pid_t group = 0;
+  for (int local = 0; local < a.nproc; ++local) {
+    auto env_map = base_env;
+    const int rank = a.node_rank * a.nproc + local;
+    env_map["LOOM_RANK"] = std::to_string(rank);
+    env_map["LOOM_LOCAL_RANK"] = std::to_string(local);
+    env_map["LOOM_WORLD_SIZE"] = std::to_string(world);
+    env_map["LOOM_LOCAL_WORLD_SIZE"] = std::to_string(a.nproc);
+    env_map["LOOM_NODE_RANK"] = std::to_string(a.node_rank);
+    env_map["LOOM_MASTER_ADDR"] = a.master_addr;
+    env_map["LOOM_MASTER_PORT"] = std::to_string(port);
+    env_map["LOOM_JOB_SECRET"] = secret;
+    env_map["LOOM_JOB_ID"] = job_id;
+    // Ranks share the cores: N ranks each taking every core would thrash.
+    if (!user_threads) env_map["LOOM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(a.nproc)));
+    std::vector<std::string> env;
+    for (const auto& [k, v] : env_map) env.push_back(k + "=" + v);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw Error(fmt::format("loom run: cannot start rank {}: fork failed: {}", rank, std::strerror(errno)));
+    if (pid == 0) exec_rank(a, env, self, group, old_mask);
+    if (group == 0) group = pid;
+    ::setpgid(pid, group);  // also from the parent, so no signal can race the child's own call
+    ranks[local] = Rank{rank, pid, true, 0};
+  }
+
+  std::optional<std::string> failure;  // the first rank that failed, and how
+  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP the launcher received
+  Clock::time_point kill_at = Clock::time_point::max();  // SIGKILL whatever still runs then
+  int running = a.nproc;
+  // The job's process group: every rank and whatever it started, each signalled exactly once (a rank
+  // that is training treats a second SIGINT as "stop now, skip the checkpoint").
+  auto signal_all = [&](int sig) { ::kill(-group, sig); };
+
+  while (running > 0) {
+    timespec tick{0, 100'000'000};
+    siginfo_t info;
+    const int sig = ::sigtimedwait(&handled, &info, &tick);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (stop_signal != 0) {  // asked twice: stop now
+        std::fprintf(stderr, "loom run: stopping all ranks now (SIGKILL)\n");
+        signal_all(SIGKILL);
+      } else {
+        stop_signal = sig;
+        std::fprintf(stderr, "loom run: received SIG%s: asking %d rank(s) to stop (again to kill them now)\n",
+                     sigabbrev_np(sig), running);
+        signal_all(sig == SIGHUP ? SIGTERM : sig);  // ranks save a checkpoint on SIGINT/SIGTERM when training
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.stop_timeout_s));
+      }
+    }
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      for (auto& r : ranks) {
+        if (r.pid != pid || !r.running) continue;
+        r.running = false;
+        r.status = status;
+        --running;
+        if (failed(status) && !failure && stop_signal == 0) {
+          failure = fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_exit(status));
+          std::fprintf(stderr, "loom run: %s; stopping the other %d rank(s)\n", failure->c_str(), running);
+          if (running > 0) signal_all(SIGTERM);
+          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.kill_grace_s));
+        }
+      }
+    }
+    if (Clock::now() >= kill_at && running > 0) {
+      std::fprintf(stderr, "loom run: %d rank(s) still running after the grace period: killing them\n", running);
+      signal_all(SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+  }
+  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+
+  const int removed = remove_leftover_segments(job_id);
+  if (removed > 0) std::fprintf(stderr, "loom run: removed %d shared-memory segment(s) left by failed ranks\n", removed);
+  if (failure) {
+    std::fprintf(stderr, "loom run: job failed: %s\n", failure->c_str());
+    return 1;
+  }
+  if (stop_signal != 0) return 128 + stop_signal;
+  for (const auto& r : ranks)
+    if (failed(r.status)) return 1;
+  return 0;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("run", "Launch a multi-rank job: loom run -n N -- loom train ...");
+  auto args = std::make_shared<RunArgs>();
+  cmd->add_option("-n,--nproc-per-node", args->nproc, "ranks on this node")->required();
+  cmd->add_option("--nnodes", args->nnodes, "nodes in the job (start one `loom run` per node)");
+  cmd->add_option("--node-rank", args->node_rank, "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)");
+  cmd->add_option("--master-addr", args->master_addr, "address of node 0, where the rendezvous store listens");
+  cmd->add_option("--master-port", args->master_port, "rendezvous port (default: a free port on one node)");
+  cmd->add_option("--kill-grace", args->kill_grace_s,
+                  "seconds the other ranks get to exit after one fails, before SIGKILL (default 3)");
+  cmd->add_option("--stop-timeout", args->stop_timeout_s,
+                  "seconds ranks get to finish (e.g. save a checkpoint) after Ctrl-C, before SIGKILL (default 60)");
+  cmd->add_option("command", args->command, "the command each rank runs (after --); `loom` means this binary")
+      ->required();
+  cmd->positionals_at_end();
+  cmd->callback([&action, args] { action = [args] { return launch(*args); }; });
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,60 @@
+// What a collective is, independent of how it runs: the op kinds, reduction operators, element types
+// and the descriptor every rank publishes (debug mode compares them across the group).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "loom/core/dtype.h"
+
+namespace loom::comm {
+
+enum class OpKind : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kAllGatherV,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kAllToAllV,
+  kSend,
+  kRecv,
+  kBarrier,
+};
+const char* op_name(OpKind kind);
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+ReduceOp parse_reduce_op(const std::string& s);  // "sum" | "avg" | "max" | "min"
+
+// The algorithms the library implements (DESIGN.md: one family per file, written against Transport).
+enum class Algo : uint8_t { kAuto, kOneShot, kDirect, kRing };
+const char* algo_name(Algo a);
+Algo parse_algo(const std::string& s);  // "auto" | "oneshot" | "direct" | "ring"
+
+// One op as every rank of the group must see it. `count` is the per-rank element count that all
+// ranks agree on (all_reduce: the buffer; reduce_scatter: the output chunk; all_gather: the input).
+struct OpDesc {
+  OpKind kind = OpKind::kBarrier;
+  DType dtype = DType::F32;
+  ReduceOp reduce = ReduceOp::kSum;
+  int32_t root = -1;  // broadcast / reduce
+  uint64_t count = 0;
+  uint64_t seq = 0;  // per-group sequence number, counted by every rank
+};
+std::string describe(const OpDesc& d);  // "all_reduce(f32, sum, 1024 elements) #17"
+
+// Tunables; tests and `loom bench comm` override them. Thresholds come from `loom bench comm` on the
+// 2-core development machine (BENCHMARKS.md): below ~64 KiB one synchronisation beats everything.
+struct Tuning {
+  size_t one_shot_max_bytes = size_t{64} << 10;
+  Algo forced[static_cast<int>(OpKind::kBarrier) + 1] = {};  // LOOM_COMM_ALGO; kAuto = by size
+  size_t inline_max_bytes = size_t{64} << 10;               // ops this small may run in the caller
+  bool debug = false;                                       // LOOM_COMM_DEBUG: cross-check every op
+  std::chrono::milliseconds timeout{600'000};               // LOOM_COMM_TIMEOUT (seconds in the variable)
+};
+
+}  // namespace loom::comm

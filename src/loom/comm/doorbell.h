@@ -1,0 +1,68 @@
+// Cross-process waiting on shared memory: each rank owns one doorbell word that peers ring whenever
+// they change state the rank may be waiting for. Waiters spin briefly, then sleep on a raw futex.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace loom::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// Lives in shared memory (trivially constructible; zeroed memory is a valid doorbell).
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> rings;
+  std::atomic<uint32_t> sleepers;
+};
+
+// Wakes the doorbell's owner. Call after the state change is stored (seq_cst).
+void ring(Doorbell& bell);
+
+// How long a waiter spins before sleeping. With more ranks than cores on a node a spinning waiter
+// steals the core the rank it waits for needs, so spinning is then skipped.
+struct SpinPolicy {
+  int spin_iterations = 4000;
+};
+SpinPolicy spin_policy_for(int ranks_on_node);
+
+// Waits until `ready()` is true, sleeping on `own` (process-shared futex: std::atomic::wait uses
+// private futexes and misses wake-ups from other processes). Returns false if `deadline` passed first.
+template <class Ready>
+bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready);
+
+namespace detail {
+// Sleeps until the word differs from `seen` or ~`max_sleep` passed (then the caller re-checks).
+void futex_sleep(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::microseconds max_sleep);
+void cpu_relax();
+}  // namespace detail
+
+template <class Ready>
+bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready) {
+  for (int i = 0; i < spin.spin_iterations; ++i) {
+    if (ready()) return true;
+    detail::cpu_relax();
+  }
+  for (;;) {
+    // Dekker-style: read the bell, announce the sleeper, re-check; a ring after our check changes the
+    // word, so the futex returns at once instead of missing it.
+    uint32_t seen = own.rings.load(std::memory_order_seq_cst);
+    own.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (ready()) {
+      own.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      return true;
+    }
+    auto now = Clock::now();
+    if (now >= deadline) {
+      own.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      return ready();
+    }
+    // Sleep in slices so the deadline is honoured even when nobody rings.
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+    detail::futex_sleep(own.rings, seen, std::min(left, std::chrono::microseconds(50'000)));
+    own.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return true;
+  }
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,422 @@
+#include "loom/comm/process_group.h"
+
+#include <fmt/format.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <utility>
+
+#include "loom/comm/dispatch.h"
+#include "loom/comm/reduce_kernels.h"
+#include "loom/comm/world.h"
+#include "loom/error.h"
+
+namespace loom::comm {
+
+struct Work::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  Algo algo = Algo::kAuto;
+};
+
+void Work::wait() {
+  if (!state_) return;
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::test() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+Algo Work::algorithm() const {
+  if (!state_) return Algo::kAuto;
+  std::lock_guard lock(state_->mu);
+  return state_->algo;
+}
+
+RegisteredBuffer::~RegisteredBuffer() {
+  if (release_) release_(bytes_);
+}
+RegisteredBuffer::RegisteredBuffer(RegisteredBuffer&& o) noexcept
+    : release_(std::exchange(o.release_, nullptr)), bytes_(std::exchange(o.bytes_, {})) {}
+RegisteredBuffer& RegisteredBuffer::operator=(RegisteredBuffer&& o) noexcept {
+  if (this != &o) {
+    if (release_) release_(bytes_);
+    release_ = std::exchange(o.release_, nullptr);
+    bytes_ = std::exchange(o.bytes_, {});
+  }
+  return *this;
+}
+
+struct ProcessGroup::Op {
+  OpDesc desc;
+  CollArgs args;
+  std::vector<size_t> counts, recv_counts;  // owned copies for the v-ops
+  int peer = -1;
+  uint64_t tag = 0;
+  size_t bytes = 0;  // payload, for the inline decision and statistics
+  std::shared_ptr<Work::State> state;
+};
+
+namespace {
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+bool is_collective(OpKind k) { return k != OpKind::kSend && k != OpKind::kRecv; }
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::shared_ptr<GroupContext> ctx, std::vector<int> ranks, int rank,
+                           std::unique_ptr<Transport> transport, std::string id, Allocator* accounting)
+    : ctx_(std::move(ctx)), ranks_(std::move(ranks)), rank_(rank), transport_(std::move(transport)), id_(std::move(id)),
+      accounting_(accounting) {
+  if (ctx_) tuning_ = ctx_->tuning;
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+ProcessGroup::~ProcessGroup() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+const char* ProcessGroup::transport_name() const { return local_ ? "shm+mpi" : transport_->name(); }
+
+void ProcessGroup::set_hierarchy(std::unique_ptr<Transport> local, std::unique_ptr<Transport> cross) {
+  local_ = std::move(local);
+  cross_ = std::move(cross);
+}
+
+GroupStats ProcessGroup::stats() const {
+  std::lock_guard lock(mu_);
+  GroupStats s = stats_;
+  s.bytes_sent = transport_->bytes_sent() + (local_ ? local_->bytes_sent() : 0);
+  s.inter_node_bytes = cross_ ? cross_->bytes_sent() : 0;
+  return s;
+}
+
+RegisteredBuffer ProcessGroup::register_buffer(size_t bytes) {
+  auto block = transport_->arena_allocate(bytes);
+  if (!block)
+    throw CommError(fmt::format("rank {}: cannot register {} MiB of communication memory: group {}'s arena is full "
+                                "(raise LOOM_COMM_ARENA_MB)",
+                                ranks_[rank_], bytes >> 20, id_));
+  if (accounting_) accounting_->note_external(MemCategory::Communication, static_cast<ptrdiff_t>(bytes));
+  RegisteredBuffer b;
+  b.bytes_ = *block;
+  b.release_ = [this](std::span<std::byte> blk) {
+    transport_->arena_free(blk);
+    if (accounting_) accounting_->note_external(MemCategory::Communication, -static_cast<ptrdiff_t>(blk.size()));
+  };
+  return b;
+}
+
+std::string ProcessGroup::label(const Op& op) const {
+  if (!is_collective(op.desc.kind))
+    return fmt::format("{}({}, {} elements, tag {}) {} rank {}", op_name(op.desc.kind), dtype_name(op.desc.dtype),
+                       op.desc.count, op.tag, op.desc.kind == OpKind::kSend ? "to" : "from", ranks_[op.peer]);
+  return describe(op.desc);
+}
+
+Work ProcessGroup::submit(std::unique_ptr<Op> op) {
+  op->state = std::make_shared<Work::State>();
+  Work work(op->state);
+  std::unique_lock lock(mu_);
+  if (is_collective(op->desc.kind)) op->desc.seq = ++next_seq_;
+  // Latency: a small op with nothing ahead of it runs here instead of paying a thread hand-off.
+  if (queue_.empty() && !busy_ && op->bytes <= tuning_.inline_max_bytes) {
+    busy_ = true;
+    lock.unlock();
+    execute(*op);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    return work;
+  }
+  queue_.push_back(std::move(op));
+  lock.unlock();
+  cv_.notify_all();
+  return work;
+}
+
+void ProcessGroup::progress_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+    if (queue_.empty()) {
+      if (stopping_) return;
+      continue;
+    }
+    auto op = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    execute(*op);
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void ProcessGroup::execute(Op& op) {
+  const double cpu0 = thread_cpu_seconds();
+  std::exception_ptr error;
+  Algo algo = Algo::kAuto;
+  std::string broken;
+  {
+    std::lock_guard lock(mu_);
+    broken = broken_;
+  }
+  const auto deadline = Clock::now() + tuning_.timeout;
+  for (Transport* t : {transport_.get(), local_.get(), cross_.get()})
+    if (t) t->set_deadline(deadline);
+  try {
+    if (!broken.empty())
+      throw CommError(fmt::format("rank {}: {} not run: group {} failed earlier ({})", ranks_[rank_], label(op), id_,
+                                  broken));
+    if (tuning_.debug && is_collective(op.desc.kind) && size() > 1) debug_check(op);
+    algo = run_algorithm(op);
+  } catch (const PeerTimeout& pt) {
+    std::vector<int> missing;
+    for (int r : pt.missing) missing.push_back(ranks_.at(r));
+    auto msg = fmt::format(
+        "rank {}: {} timed out after {:.0f} s (LOOM_COMM_TIMEOUT) in group {} (ranks [{}]) waiting for {}: rank(s) {} "
+        "never arrived",
+        ranks_[rank_], label(op), std::chrono::duration<double>(tuning_.timeout).count(), id_, fmt::join(ranks_, ", "),
+        pt.waiting_for, fmt::join(missing, ", "));
+    error = std::make_exception_ptr(CommTimeoutError(msg));
+    std::lock_guard lock(mu_);
+    if (broken_.empty()) broken_ = msg;
+  } catch (const CommError& e) {
+    auto msg = std::string(e.what());
+    if (msg.rfind("rank ", 0) != 0) msg = fmt::format("rank {}: {} in group {}: {}", ranks_[rank_], label(op), id_, msg);
+    error = std::make_exception_ptr(CommError(msg));
+    std::lock_guard lock(mu_);
+    if (broken_.empty()) broken_ = msg;
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const double cpu = thread_cpu_seconds() - cpu0;
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.ops;
+    stats_.comm_cpu_seconds += cpu;
+  }
+  {
+    std::lock_guard lock(op.state->mu);
+    op.state->done = true;
+    op.state->error = error;
+    op.state->algo = algo;
+  }
+  op.state->cv.notify_all();
+}
+
+// The classic hang is one rank calling all_gather while the others call all_reduce. Debug mode makes
+// every rank publish its op first and compares: the odd one out is named instead of hanging.
+void ProcessGroup::debug_check(const Op& op) {
+  auto recs = transport_->exchange({reinterpret_cast<const std::byte*>(&op.desc), sizeof(OpDesc)});
+  std::vector<OpDesc> all(recs.size());
+  for (size_t r = 0; r < recs.size(); ++r) std::memcpy(&all[r], recs[r].data(), sizeof(OpDesc));
+  auto same = [](const OpDesc& a, const OpDesc& b) {
+    return a.kind == b.kind && a.dtype == b.dtype && a.reduce == b.reduce && a.root == b.root && a.count == b.count &&
+           a.seq == b.seq;
+  };
+  // The majority is taken as right; with two ranks, the other rank is named.
+  int best = 0, best_votes = -1;
+  for (size_t i = 0; i < all.size(); ++i) {
+    int votes = 0;
+    for (const auto& d : all) votes += same(all[i], d);
+    if (votes > best_votes || (votes == best_votes && static_cast<int>(i) != rank_ && best == rank_)) {
+      best = static_cast<int>(i);
+      best_votes = votes;
+    }
+  }
+  std::vector<std::string> odd;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (!same(all[i], all[best]))
+      odd.push_back(fmt::format("rank {} called {}", ranks_[i], describe(all[i])));
+  if (!odd.empty())
+    throw CommError(fmt::format("rank {}: LOOM_COMM_DEBUG: ops disagree in group {}: {}; rank {} and the others called "
+                                "{}",
+                                ranks_[rank_], id_, fmt::join(odd, "; "), ranks_[best], describe(all[best])));
+}
+
+Algo ProcessGroup::run_algorithm(Op& op) {
+  Transport& t = *transport_;
+  const CollArgs& a = op.args;
+  const OpKind k = op.desc.kind;
+  switch (k) {
+    case OpKind::kSend:
+      t.send(op.peer, op.tag, {static_cast<const std::byte*>(a.in), op.bytes});
+      return Algo::kAuto;
+    case OpKind::kRecv:
+      t.recv(op.peer, op.tag, {static_cast<std::byte*>(a.out), op.bytes});
+      return Algo::kAuto;
+    case OpKind::kBarrier:
+      t.exchange({});
+      return Algo::kOneShot;
+    default: break;
+  }
+  if (local_ && (k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kAllGather))
+    return run_hierarchical(k, a, *local_, *cross_, tuning_);
+  return run_collective(t, k, a, tuning_);
+}
+
+// ---- the public ops: describe, validate, submit ----
+
+namespace {
+void check_root(int root, int n, const char* what) {
+  if (root < 0 || root >= n)
+    throw CommError(fmt::format("{}: root {} is not a rank of this group of {}", what, root, n));
+}
+}  // namespace
+
+Work ProcessGroup::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  check_reduce(dtype, op);
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kAllReduce, dtype, op, -1, count, 0};
+  o->args = {.in = in, .out = out, .count = count, .dtype = dtype, .reduce = op};
+  o->bytes = count * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  check_reduce(dtype, op);
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kReduceScatter, dtype, op, -1, count, 0};
+  o->args = {.in = in, .out = out, .count = count, .dtype = dtype, .reduce = op};
+  o->bytes = count * dtype_size(dtype) * size();
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::all_gather(const void* in, void* out, size_t count, DType dtype) {
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kAllGather, dtype, ReduceOp::kSum, -1, count, 0};
+  o->counts.assign(size(), count);
+  o->args = {.in = in, .out = out, .count = count, .dtype = dtype, .counts = o->counts};
+  o->bytes = count * dtype_size(dtype) * size();
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::all_gather_v(const void* in, void* out, std::span<const size_t> counts, DType dtype) {
+  if (static_cast<int>(counts.size()) != size())
+    throw CommError(fmt::format("all_gather_v: {} counts given for a group of {}", counts.size(), size()));
+  auto o = std::make_unique<Op>();
+  o->counts.assign(counts.begin(), counts.end());
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  o->desc = {OpKind::kAllGatherV, dtype, ReduceOp::kSum, -1, total, 0};
+  o->args = {.in = in, .out = out, .count = total, .dtype = dtype, .counts = o->counts};
+  o->bytes = total * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::broadcast(void* buf, size_t count, DType dtype, int root) {
+  check_root(root, size(), "broadcast");
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, 0};
+  o->args = {.in = buf, .out = buf, .count = count, .dtype = dtype, .root = root};
+  o->bytes = count * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) {
+  check_reduce(dtype, op);
+  check_root(root, size(), "reduce");
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kReduce, dtype, op, root, count, 0};
+  o->args = {.in = in, .out = out, .count = count, .dtype = dtype, .reduce = op, .root = root};
+  o->bytes = count * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::all_to_all(const void* in, void* out, size_t count, DType dtype) {
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kAllToAll, dtype, ReduceOp::kSum, -1, count, 0};
+  o->counts.assign(size(), count);
+  o->recv_counts.assign(size(), count);
+  o->args = {.in = in, .out = out, .count = count, .dtype = dtype, .counts = o->counts, .recv_counts = o->recv_counts};
+  o->bytes = count * dtype_size(dtype) * size();
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::all_to_all_v(const void* in, void* out, std::span<const size_t> send_counts,
+                                std::span<const size_t> recv_counts, DType dtype) {
+  if (static_cast<int>(send_counts.size()) != size() || static_cast<int>(recv_counts.size()) != size())
+    throw CommError(fmt::format("all_to_all_v: {} send and {} receive counts given for a group of {}",
+                                send_counts.size(), recv_counts.size(), size()));
+  auto o = std::make_unique<Op>();
+  o->counts.assign(send_counts.begin(), send_counts.end());
+  o->recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  // The counts differ per rank, so only kind and dtype can be cross-checked.
+  o->desc = {OpKind::kAllToAllV, dtype, ReduceOp::kSum, -1, 0, 0};
+  o->args = {.in = in, .out = out, .dtype = dtype, .counts = o->counts, .recv_counts = o->recv_counts};
+  o->bytes = std::accumulate(send_counts.begin(), send_counts.end(), size_t{0}) * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::send(const void* buf, size_t count, DType dtype, int peer, uint64_t tag) {
+  if (peer < 0 || peer >= size() || peer == rank_)
+    throw CommError(fmt::format("send: peer {} is not another rank of this group of {}", peer, size()));
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kSend, dtype, ReduceOp::kSum, -1, count, 0};
+  o->args = {.in = buf, .count = count, .dtype = dtype};
+  o->peer = peer;
+  o->tag = tag;
+  o->bytes = count * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::recv(void* buf, size_t count, DType dtype, int peer, uint64_t tag) {
+  if (peer < 0 || peer >= size() || peer == rank_)
+    throw CommError(fmt::format("recv: peer {} is not another rank of this group of {}", peer, size()));
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kRecv, dtype, ReduceOp::kSum, -1, count, 0};
+  o->args = {.out = buf, .count = count, .dtype = dtype};
+  o->peer = peer;
+  o->tag = tag;
+  o->bytes = count * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::barrier() {
+  auto o = std::make_unique<Op>();
+  o->desc = {OpKind::kBarrier, DType::F32, ReduceOp::kSum, -1, 0, 0};
+  return submit(std::move(o));
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
+  int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * size());
+  all_gather(mine, all.data(), 2, DType::I32).wait();
+  std::vector<std::pair<std::pair<int, int>, int>> members;  // ((key, group rank), group rank)
+  for (int r = 0; r < size(); ++r)
+    if (all[2 * r] == color) members.push_back({{all[2 * r + 1], r}, r});
+  const int split_index = ++splits_;
+  std::sort(members.begin(), members.end());
+  std::vector<int> global;
+  int my_index = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    global.push_back(ranks_[members[i].second]);
+    if (members[i].second == rank_) my_index = static_cast<int>(i);
+  }
+  std::string id = fmt::format("{}.s{}c{}", id_, split_index, color);
+  // Colors are announced to everyone so an MPI parent can split its communicator collectively.
+  return make_subgroup(ctx_, *this, *transport_, color, key, std::move(global), my_index, std::move(id),
+                       accounting_);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,144 @@
+// A group of ranks that runs collectives: every op returns a Work, ops run in issue order on the
+// group's own progress thread (so computation overlaps communication), and a small op issued while the
+// queue is empty runs inline in the caller. Results are bitwise identical on every rank.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/algorithms.h"
+#include "loom/comm/collective.h"
+#include "loom/comm/transport.h"
+#include "loom/core/allocator.h"
+
+namespace loom::comm {
+
+class Store;
+struct GroupContext;  // job-wide: store, options, node map (world.cpp)
+
+// Handle of one issued op. wait() rethrows the op's error (CommError / CommTimeoutError).
+class Work {
+ public:
+  struct State;
+  Work() = default;
+  explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  void wait();
+  bool test() const;  // finished (successfully or not)?
+  Algo algorithm() const;  // what ran (after completion)
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Memory in the group's shared arena: collectives on it read peers' copies in place. Counted as
+// communication buffers by the allocator given at group creation.
+class RegisteredBuffer {
+ public:
+  RegisteredBuffer() = default;
+  ~RegisteredBuffer();
+  RegisteredBuffer(RegisteredBuffer&& o) noexcept;
+  RegisteredBuffer& operator=(RegisteredBuffer&& o) noexcept;
+  RegisteredBuffer(const RegisteredBuffer&) = delete;
+  RegisteredBuffer& operator=(const RegisteredBuffer&) = delete;
+  std::byte* data() const { return bytes_.data(); }
+  size_t size() const { return bytes_.size(); }
+  template <class T>
+  T* as() const { return reinterpret_cast<T*>(bytes_.data()); }
+
+ private:
+  friend class ProcessGroup;
+  std::function<void(std::span<std::byte>)> release_;
+  std::span<std::byte> bytes_;
+};
+
+struct GroupStats {
+  uint64_t ops = 0;
+  double comm_cpu_seconds = 0;  // CPU time spent executing ops (progress thread and inline)
+  uint64_t bytes_sent = 0;      // through the flat transport
+  uint64_t inter_node_bytes = 0;  // through the inter-node transport of a hierarchical group
+};
+
+class ProcessGroup {
+ public:
+  // `transport` carries every op; a hierarchical group also has a node-local and an inter-node
+  // transport for all_reduce / reduce_scatter / all_gather (see world.cpp).
+  ProcessGroup(std::shared_ptr<GroupContext> ctx, std::vector<int> ranks, int rank, std::unique_ptr<Transport> transport,
+               std::string id, Allocator* accounting);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }  // global ranks, by group rank
+  const std::string& id() const { return id_; }
+  const char* transport_name() const;
+  Tuning& tuning() { return tuning_; }
+
+  Work all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
+  // in: size()*count elements, block j reduced into rank j's out (count elements).
+  Work reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
+  // in: count elements; out: size()*count. In place when in == out + rank()*count.
+  Work all_gather(const void* in, void* out, size_t count, DType dtype);
+  Work all_gather_v(const void* in, void* out, std::span<const size_t> counts, DType dtype);
+  Work broadcast(void* buf, size_t count, DType dtype, int root);
+  Work reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root);
+  // in/out: size()*count elements; block j of in goes to rank j, block j of out came from rank j.
+  Work all_to_all(const void* in, void* out, size_t count, DType dtype);
+  Work all_to_all_v(const void* in, void* out, std::span<const size_t> send_counts,
+                    std::span<const size_t> recv_counts, DType dtype);
+  Work send(const void* buf, size_t count, DType dtype, int peer, uint64_t tag);
+  Work recv(void* buf, size_t count, DType dtype, int peer, uint64_t tag);
+  Work barrier();
+
+  // Collective over this group: ranks with the same color form a new group, ordered by (key, rank).
+  // A negative color joins no group and gets nullptr.
+  std::unique_ptr<ProcessGroup> split(int color, int key);
+
+  // Throws CommError when the arena cannot hold `bytes` (LOOM_COMM_ARENA_MB sets its size).
+  RegisteredBuffer register_buffer(size_t bytes);
+
+  GroupStats stats() const;
+
+  // Hierarchical parts (set up by world.cpp when the group spans nodes).
+  void set_hierarchy(std::unique_ptr<Transport> local, std::unique_ptr<Transport> cross);
+
+ private:
+  struct Op;
+  Work submit(std::unique_ptr<Op> op);
+  void progress_loop();
+  void execute(Op& op);
+  Algo run_algorithm(Op& op);
+  void debug_check(const Op& op);
+  std::string label(const Op& op) const;
+
+  std::shared_ptr<GroupContext> ctx_;
+  std::vector<int> ranks_;
+  int rank_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Transport> local_, cross_;  // hierarchical groups only
+  std::string id_;
+  Allocator* accounting_;
+  Tuning tuning_;
+  int splits_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Op>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  uint64_t next_seq_ = 0;
+  std::string broken_;  // the first failure: later ops fail at once instead of hanging
+  GroupStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace loom::comm
