@@ -16,11 +16,13 @@ if [ "${LOOM_SKIP_SANITIZERS:-0}" != "1" ]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON
   # core, kernels, checkpoints and the data parsers (shards, manifests, tokenizer files): the code that
   # touches mmap, files and raw buffers.
+  # The collectives too: shared-memory layouts, futexes and the store's socket buffers (shared-memory
+  # jobs only: OpenMPI's own allocations would drown the report).
   asan_targets=(core_test safetensors_test elementwise_test attention_test gemm_test checkpoint_cli_test
-                shard_test loader_test tokenizer_test)
+                shard_test loader_test tokenizer_test store_test job_env_test collectives_test comm_worker)
   cmake --build build-asan -j"$jobs" --target "${asan_targets[@]}"
   ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 \
-    -R '^(Philox|Bf16|Allocator|Tensor|Safetensors|ElementwiseTest|Attention|Gemm|Checkpoint|ShardTest|LoaderTest|TokenizerTest|TokenizerErrors)\.'
+    -E 'MpiMatrix|FourRanksAsTwoNodes' -R '^(Philox|Bf16|Allocator|Tensor|Safetensors|ElementwiseTest|Attention|Gemm|Checkpoint|ShardTest|LoaderTest|TokenizerTest|TokenizerErrors|Store|JobEnv|Ranks/SharedMemoryMatrix|Collectives)\.'
   # A sanitizer run that found no tests would prove nothing.
   [ "$(ctest --test-dir build-asan -N -R '^(Philox|Checkpoint|ShardTest)\.' | grep -c 'Test #')" -gt 0 ]
 fi

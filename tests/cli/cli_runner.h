@@ -18,12 +18,12 @@ struct CliResult {
   std::string out, err;
 };
 
-// `prefix` goes before the binary (e.g. "LOOM_FAULT_INJECT=manifest" or "ulimit -f 100;").
-inline CliResult run_loom(const std::string& args, const std::string& prefix = "") {
+// Runs a bash command line (no single quotes in it) and captures its exit code, stdout and stderr.
+inline CliResult run_shell(const std::string& command_line) {
   namespace fs = std::filesystem;
   static int counter = 0;
   fs::path err = fs::temp_directory_path() / ("loom-cli-err-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  std::string cmd = "bash -c '" + prefix + " exec " + LOOM_BINARY + " " + args + " 2>" + err.string() + "'";
+  std::string cmd = "bash -c '{ " + command_line + "\n} 2>" + err.string() + "'";
   CliResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -35,6 +35,11 @@ inline CliResult run_loom(const std::string& args, const std::string& prefix = "
   r.err.assign(std::istreambuf_iterator<char>(e), {});
   fs::remove(err);
   return r;
+}
+
+// `prefix` goes before the binary (e.g. "LOOM_FAULT_INJECT=manifest" or "ulimit -f 100;").
+inline CliResult run_loom(const std::string& args, const std::string& prefix = "") {
+  return run_shell(prefix + " exec " + LOOM_BINARY + " " + args);
 }
 
 // A fresh, empty scratch folder unique to this process.

@@ -109,6 +109,9 @@ sigset_t watched_signals() {
   ::setpgid(0, group == 0 ? 0 : group);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: nobody would watch or stop us
   if (::getppid() != launcher) ::_exit(127);
+  // A shell starts background jobs with SIGINT ignored; ranks must still stop when the launcher asks.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
   ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   std::vector<char*> argv, envp;
   const std::string program = resolve_program(a.command[0]);
@@ -152,6 +155,10 @@ int launch(const RunArgs& a) {
   const sigset_t handled = watched_signals();
   sigset_t old_mask;
   ::sigprocmask(SIG_BLOCK, &handled, &old_mask);
+  // An ignored signal is discarded before sigtimedwait could take it (a shell ignores SIGINT in
+  // background jobs): the launcher must hear `kill -INT` all the same.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
 
   std::vector<Rank> ranks(a.nproc);
   const pid_t self = ::getpid();

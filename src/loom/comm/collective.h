@@ -47,10 +47,11 @@ struct OpDesc {
 };
 std::string describe(const OpDesc& d);  // "all_reduce(f32, sum, 1024 elements) #17"
 
-// Tunables; tests and `loom bench comm` override them. Thresholds come from `loom bench comm` on the
-// 2-core development machine (BENCHMARKS.md): below ~64 KiB one synchronisation beats everything.
+// Tunables; tests and `loom bench comm` override them. The one-shot threshold comes from `loom bench
+// comm` with LOOM_COMM_ONE_SHOT_KB=0 vs 128 on the 2-core development machine (docs/comm.md): one-shot
+// wins below 8 KiB with registered buffers and below 32 KiB with plain ones; 16 KiB splits the two.
 struct Tuning {
-  size_t one_shot_max_bytes = size_t{64} << 10;
+  size_t one_shot_max_bytes = size_t{16} << 10;
   Algo forced[static_cast<int>(OpKind::kBarrier) + 1] = {};  // LOOM_COMM_ALGO; kAuto = by size
   size_t inline_max_bytes = size_t{64} << 10;               // ops this small may run in the caller
   bool debug = false;                                       // LOOM_COMM_DEBUG: cross-check every op

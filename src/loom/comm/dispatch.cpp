@@ -27,7 +27,7 @@ Algo run_collective(Transport& t, OpKind k, const CollArgs& a, const Tuning& tun
     }
     return Algo::kOneShot;
   }
-  if (forced == Algo::kDirect || (forced != Algo::kRing && t.maps_peers())) {
+  if ((forced == Algo::kDirect && t.reads_peers()) || (forced != Algo::kRing && t.maps_peers())) {
     bool done = false;
     switch (k) {
       case OpKind::kAllReduce: done = all_reduce_direct(t, a); break;

@@ -22,12 +22,10 @@ void ring(Doorbell& bell) {
   if (bell.sleepers.load(std::memory_order_seq_cst) > 0) futex(&bell.rings, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-SpinPolicy spin_policy_for(int ranks_on_node) {
+SpinPolicy spin_policy_for(int ranks_on_node, std::chrono::microseconds spin) {
   unsigned cores = std::thread::hardware_concurrency();
   if (cores == 0) cores = 1;
-  // ~4000 pauses is a few microseconds: long enough to catch a peer that is a step behind, short
-  // enough not to matter when it is not.
-  return SpinPolicy{static_cast<unsigned>(ranks_on_node) <= cores ? 4000 : 0};
+  return SpinPolicy{static_cast<unsigned>(ranks_on_node) <= cores ? spin : std::chrono::microseconds(0)};
 }
 
 namespace detail {

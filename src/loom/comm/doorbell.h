@@ -22,9 +22,12 @@ void ring(Doorbell& bell);
 // How long a waiter spins before sleeping. With more ranks than cores on a node a spinning waiter
 // steals the core the rank it waits for needs, so spinning is then skipped.
 struct SpinPolicy {
-  int spin_iterations = 4000;
+  std::chrono::nanoseconds spin{50'000};
 };
-SpinPolicy spin_policy_for(int ranks_on_node);
+// `spin` (LOOM_COMM_SPIN_US): a peer a step behind usually arrives within tens of microseconds, and a
+// futex wake-up of an idle vCPU costs about as much; counted in time, not PAUSEs, whose length differs
+// tenfold between CPUs (~18 ns on this AMD EPYC, ~40 ns on Sapphire Rapids).
+SpinPolicy spin_policy_for(int ranks_on_node, std::chrono::microseconds spin);
 
 // Waits until `ready()` is true, sleeping on `own` (process-shared futex: std::atomic::wait uses
 // private futexes and misses wake-ups from other processes). Returns false if `deadline` passed first.
@@ -39,9 +42,13 @@ void cpu_relax();
 
 template <class Ready>
 bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready) {
-  for (int i = 0; i < spin.spin_iterations; ++i) {
-    if (ready()) return true;
-    detail::cpu_relax();
+  if (spin.spin.count() > 0) {
+    const auto spin_until = Clock::now() + spin.spin;
+    for (int i = 0;; ++i) {
+      if (ready()) return true;
+      detail::cpu_relax();
+      if ((i & 63) == 63 && Clock::now() >= spin_until) break;
+    }
   }
   for (;;) {
     // Dekker-style: read the bell, announce the sleeper, re-check; a ring after our check changes the

@@ -59,8 +59,14 @@ MpiTransport::MpiTransport(MPI_Comm comm, size_t arena_bytes) : Transport(0, 1),
   check(MPI_Alloc_mem(static_cast<MPI_Aint>(arena_bytes_), MPI_INFO_NULL, &mem), "MPI_Alloc_mem (arena)");
   arena_ = static_cast<std::byte*>(mem);
   arena_free_.reset(arena_bytes_);
-  check(MPI_Win_create(arena_, static_cast<MPI_Aint>(arena_bytes_), 1, MPI_INFO_NULL, comm_, &win_), "MPI_Win_create");
-  check(MPI_Win_lock_all(0, win_), "MPI_Win_lock_all");
+  // The window serves read_peer (forced direct algorithms only). Some OpenMPI set-ups cannot create
+  // one (a single process; the vader BTL without single-copy): the transport then works without it
+  // and the direct algorithms fall back to the ring (reads_peers() is false on every rank alike).
+  if (size_ > 1 && MPI_Win_create(arena_, static_cast<MPI_Aint>(arena_bytes_), 1, MPI_INFO_NULL, comm_, &win_) == MPI_SUCCESS) {
+    check(MPI_Win_lock_all(0, win_), "MPI_Win_lock_all");
+  } else {
+    win_ = MPI_WIN_NULL;
+  }
 }
 
 MpiTransport::~MpiTransport() {
@@ -194,6 +200,13 @@ std::optional<uint64_t> MpiTransport::arena_offset(const void* p, size_t bytes) 
 }
 
 void MpiTransport::read_peer(int peer, uint64_t offset, std::span<std::byte> dst) {
+  if (peer == rank_) {
+    std::memcpy(dst.data(), arena_ + offset, dst.size());
+    return;
+  }
+  if (win_ == MPI_WIN_NULL)
+    throw CommError("MPI one-sided window unavailable: this MPI could not create one, so peers cannot be read "
+                    "directly (use LOOM_COMM_ALGO=ring)");
   constexpr size_t kPiece = size_t{64} << 20;
   for (size_t done = 0; done < dst.size(); done += kPiece) {
     const size_t n = std::min(kPiece, dst.size() - done);

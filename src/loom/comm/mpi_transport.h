@@ -34,6 +34,7 @@ class MpiTransport final : public Transport {
   void arena_free(std::span<std::byte> block) override;
   std::optional<uint64_t> arena_offset(const void* p, size_t bytes) const override;
   bool maps_peers() const override { return false; }
+  bool reads_peers() const override { return win_ != MPI_WIN_NULL || size_ == 1; }
   const std::byte* map_peer(int, uint64_t, size_t) override { return nullptr; }
   void read_peer(int peer, uint64_t offset, std::span<std::byte> dst) override;
   uint64_t bytes_sent() const override { return bytes_sent_; }

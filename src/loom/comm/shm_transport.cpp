@@ -92,7 +92,8 @@ struct ShmTransport::Message {
 };
 
 ShmTransport::ShmTransport(int rank, int size, const ShmOptions& options) : Transport(rank, size), options_(options) {
-  spin_ = spin_policy_for(options.ranks_on_node > 0 ? options.ranks_on_node : size);
+  spin_ = spin_policy_for(options.ranks_on_node > 0 ? options.ranks_on_node : size,
+                          std::chrono::microseconds(options.spin_us));
 }
 
 ShmTransport::~ShmTransport() = default;

@@ -22,6 +22,7 @@ struct ShmOptions {
   size_t chunk_bytes = size_t{256} << 10;     // one message slot
   int chunks_per_channel = 4;                 // slots per (sender, receiver) pair
   int ranks_on_node = 0;                      // for the spin policy; 0 = the group size
+  int spin_us = 50;                           // LOOM_COMM_SPIN_US: spin before sleeping on the futex
 };
 
 class ShmTransport final : public Transport {

@@ -51,6 +51,8 @@ class Transport {
   // Offset of [p, p+bytes) in this rank's arena, or nullopt if it is not registered memory.
   virtual std::optional<uint64_t> arena_offset(const void* p, size_t bytes) const = 0;
   // True when map_peer gives zero-copy views (then direct algorithms are the default for large ops).
+  // Whether read_peer works at all (an MPI transport without a one-sided window cannot).
+  virtual bool reads_peers() const { return true; }
   virtual bool maps_peers() const = 0;
   // Zero-copy view of a peer's registered bytes, or nullptr when the transport cannot map peers
   // (then read_peer copies). The caller makes sure the peer's bytes are ready (an exchange).

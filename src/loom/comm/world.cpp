@@ -109,8 +109,9 @@ CommOptions comm_options_from_env(const std::map<std::string, std::string>& env)
     throw ConfigError("LOOM_COMM=" + o.transport + " is not a transport: use auto, shm or mpi");
   o.tuning.timeout = std::chrono::seconds(parse_int_var(env, "LOOM_COMM_TIMEOUT", 600, 1, 86400 * 7));
   o.tuning.debug = parse_int_var(env, "LOOM_COMM_DEBUG", 0, 0, 1) == 1;
-  o.tuning.one_shot_max_bytes = static_cast<size_t>(parse_int_var(env, "LOOM_COMM_ONE_SHOT_KB", 64, 0, 128)) << 10;
+  o.tuning.one_shot_max_bytes = static_cast<size_t>(parse_int_var(env, "LOOM_COMM_ONE_SHOT_KB", 16, 0, 128)) << 10;
   o.shm.arena_bytes = static_cast<size_t>(parse_int_var(env, "LOOM_COMM_ARENA_MB", 512, 1, 1 << 20)) << 20;
+  o.shm.spin_us = parse_int_var(env, "LOOM_COMM_SPIN_US", 50, 0, 1'000'000);
   o.ranks_per_node = parse_int_var(env, "LOOM_RANKS_PER_NODE", 0, 0, 1 << 20);
   if (auto it = env.find("LOOM_COMM_ALGO"); it != env.end() && !it->second.empty()) {
     const std::string& spec = it->second;

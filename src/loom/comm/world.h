@@ -24,7 +24,8 @@ struct CommOptions {
 };
 
 // LOOM_COMM, LOOM_COMM_TIMEOUT (seconds), LOOM_COMM_DEBUG, LOOM_COMM_ALGO ("ring" or
-// "all_reduce=direct,all_gather=ring"), LOOM_COMM_ONE_SHOT_KB, LOOM_COMM_ARENA_MB, LOOM_RANKS_PER_NODE.
+// "all_reduce=direct,all_gather=ring"), LOOM_COMM_ONE_SHOT_KB, LOOM_COMM_ARENA_MB, LOOM_COMM_SPIN_US,
+// LOOM_RANKS_PER_NODE.
 // Throws ConfigError naming the variable and the valid values.
 CommOptions comm_options_from_env(const std::map<std::string, std::string>& env);
 
