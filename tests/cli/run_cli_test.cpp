@@ -25,7 +25,8 @@ TEST(RunCli, EachRankGetsTorchrunStyleVariables) {
 }
 
 TEST(RunCli, MultiNodeRanksAreNumberedByNode) {
-  auto r = run_loom("run -n 2 --nnodes 2 --node-rank 1 --master-port 1 -- sh -c \"echo r=\\$LOOM_RANK\"",
+  auto r = run_loom("run -n 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 1 -- sh -c \"echo "
+                    "r=\\$LOOM_RANK\"",
                     "LOOM_JOB_SECRET=s3cret");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("r=2"));
@@ -85,6 +86,8 @@ TEST(RunCli, BadInvocationsAreClearErrors) {
   EXPECT_THAT(r.err, HasSubstr("LOOM_JOB_SECRET"));
   r = run_loom("run -n 2 --nnodes 2 --node-rank 2 -- true", "LOOM_JOB_SECRET=x");
   EXPECT_THAT(r.err, HasSubstr("--node-rank 2"));
+  r = run_loom("run -n 2 --nnodes 2 --node-rank 1 --master-port 29500 -- true", "LOOM_JOB_SECRET=x");
+  EXPECT_THAT(r.err, HasSubstr("--master-addr"));
   r = run_loom("run -n 1 -- /nonexistent/program");
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, HasSubstr("cannot start '/nonexistent/program'"));

@@ -32,6 +32,7 @@ struct RunArgs {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;
   int master_port = 0;  // 0 on one node: pick a free port
   double kill_grace_s = 3.0;
   double stop_timeout_s = 60.0;
@@ -88,41 +89,63 @@ void validate(const RunArgs& a) {
     throw ConfigError(fmt::format("loom run: --node-rank {} must be 0..{} (--nnodes {})", a.node_rank, a.nnodes - 1, a.nnodes));
   if (a.master_port < 0 || a.master_port > 65535)
     throw ConfigError(fmt::format("loom run: --master-port {} is not a TCP port (1..65535)", a.master_port));
+  if (a.nnodes > 1 && a.node_rank > 0 && !a.master_addr_given)
+    throw ConfigError("loom run: nodes other than 0 need --master-addr (node 0's address), e.g. --master-addr node0");
   if (a.kill_grace_s < 0 || a.stop_timeout_s < 0)
     throw ConfigError("loom run: --kill-grace and --stop-timeout must not be negative");
 }
 
-// Blocks the signals the launcher handles itself, so the watch loop takes them synchronously.
-sigset_t watched_signals() {
+// The signals the launcher takes synchronously in its watch loop. SIGHUP only when it is not ignored
+// already: under `nohup` the job must survive the terminal hanging up.
+sigset_t watched_signals(bool watch_hup) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGCHLD);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
+  if (watch_hup) sigaddset(&set, SIGHUP);
   return set;
 }
 
-[[noreturn]] void exec_rank(const RunArgs& a, const std::vector<std::string>& env, pid_t launcher, pid_t group,
-                            const sigset_t& old_mask) {
+bool ignored(int sig) {
+  struct sigaction old {};
+  ::sigaction(sig, nullptr, &old);
+  return old.sa_handler == SIG_IGN;
+}
+
+// Everything a child needs, built before fork: between fork and exec only system calls are safe (the
+// store's thread may hold the allocator's or stdio's locks).
+struct ChildImage {
+  std::string program;
+  std::vector<std::string> env;
+  std::vector<char*> argv, envp;
+  std::string exec_error;
+};
+
+[[noreturn]] void exec_rank(ChildImage& c, pid_t launcher, pid_t group, const sigset_t& old_mask) {
   // One process group for the job, so the launcher can signal ranks and whatever they start.
   ::setpgid(0, group == 0 ? 0 : group);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: nobody would watch or stop us
   if (::getppid() != launcher) ::_exit(127);
+  // Ranks run in a background process group: one reading the terminal would stop on SIGTTIN.
+  const int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   // A shell starts background jobs with SIGINT ignored; ranks must still stop when the launcher asks.
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGINT, &dfl, nullptr);
+  ::sigaction(SIGTERM, &dfl, nullptr);
   ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-  std::vector<char*> argv, envp;
-  const std::string program = resolve_program(a.command[0]);
-  argv.push_back(const_cast<char*>(program.c_str()));
-  for (size_t i = 1; i < a.command.size(); ++i) argv.push_back(const_cast<char*>(a.command[i].c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  ::execvpe(program.c_str(), argv.data(), envp.data());
-  std::fprintf(stderr, "loom run: cannot start '%s': %s\n", program.c_str(), std::strerror(errno));
+  ::execvpe(c.program.c_str(), c.argv.data(), c.envp.data());
+  const std::string& msg = c.exec_error;  // prepared by the parent; strerror is not async-signal-safe
+  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg.data(), msg.size());
+  const char* why = errno == ENOENT ? "no such file or command\n" : errno == EACCES ? "permission denied\n" : "exec failed\n";
+  w = ::write(STDERR_FILENO, why, std::strlen(why));
   ::_exit(127);
+}
+
+std::string random_suffix() {
+  return comm::make_job_secret().substr(0, 6);
 }
 
 int launch(const RunArgs& a) {
@@ -136,14 +159,41 @@ int launch(const RunArgs& a) {
   if (a.nnodes > 1 && a.master_port == 0)
     throw ConfigError("loom run: a multi-node job needs --master-port (the same on every node), e.g. --master-port 29500");
   if (secret.empty()) secret = comm::make_job_secret();
-  const std::string job_id = base_env.contains("LOOM_JOB_ID") ? base_env["LOOM_JOB_ID"] : secret.substr(0, 16);
+  // Names shared memory on this node only, so each launch gets its own suffix: two jobs started from
+  // one shell with the same exported secret (or a nested `loom run`) must not share segments.
+  const std::string job_id =
+      (base_env.contains("LOOM_JOB_ID") ? base_env["LOOM_JOB_ID"] : secret.substr(0, 12)) + "-" + random_suffix();
+
+  // Signals are blocked before any thread exists (threads inherit the mask): otherwise the store's
+  // thread could take a SIGINT meant for the watch loop and die of it, taking the launcher along.
+  const bool watch_hup = !ignored(SIGHUP);
+  const sigset_t handled = watched_signals(watch_hup);
+  sigset_t old_mask;
+  ::sigprocmask(SIG_BLOCK, &handled, &old_mask);
+  // An ignored SIGINT (a shell's background job) must still reach the loop; an ignored SIGCHLD would
+  // make the kernel reap the ranks before we could see how they ended.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGCHLD, SIG_DFL);
+  auto restore_mask = [&] {
+    // Drain what arrived meanwhile, so an unblocked pending SIGINT cannot kill us after the report.
+    timespec zero{0, 0};
+    while (::sigtimedwait(&handled, nullptr, &zero) > 0) {
+    }
+    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  };
 
   // Node 0 hosts the store for the job's lifetime; loopback only unless other nodes must reach it.
   std::unique_ptr<comm::StoreServer> server;
   int port = a.master_port;
-  if (a.node_rank == 0) {
-    server = std::make_unique<comm::StoreServer>(a.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", a.master_port, secret);
-    port = server->port();
+  try {
+    if (a.node_rank == 0) {
+      server = std::make_unique<comm::StoreServer>(a.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", a.master_port, secret);
+      port = server->port();
+    }
+  } catch (...) {
+    restore_mask();
+    throw;
   }
 
   const int world = a.nproc * a.nnodes;
@@ -152,18 +202,9 @@ int launch(const RunArgs& a) {
   base_env.erase("OMPI_COMM_WORLD_RANK");  // a loom-run job is not an mpirun job, even when nested in one
   base_env.erase("SLURM_PROCID");
 
-  const sigset_t handled = watched_signals();
-  sigset_t old_mask;
-  ::sigprocmask(SIG_BLOCK, &handled, &old_mask);
-  // An ignored signal is discarded before sigtimedwait could take it (a shell ignores SIGINT in
-  // background jobs): the launcher must hear `kill -INT` all the same.
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-
-  std::vector<Rank> ranks(a.nproc);
-  const pid_t self = ::getpid();
-  pid_t group = 0;
+  std::vector<ChildImage> images(a.nproc);
   for (int local = 0; local < a.nproc; ++local) {
+    ChildImage& c = images[local];
     auto env_map = base_env;
     const int rank = a.node_rank * a.nproc + local;
     env_map["LOOM_RANK"] = std::to_string(rank);
@@ -177,55 +218,91 @@ int launch(const RunArgs& a) {
     env_map["LOOM_JOB_ID"] = job_id;
     // Ranks share the cores: N ranks each taking every core would thrash.
     if (!user_threads) env_map["LOOM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(a.nproc)));
-    std::vector<std::string> env;
-    for (const auto& [k, v] : env_map) env.push_back(k + "=" + v);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw Error(fmt::format("loom run: cannot start rank {}: fork failed: {}", rank, std::strerror(errno)));
-    if (pid == 0) exec_rank(a, env, self, group, old_mask);
-    if (group == 0) group = pid;
-    ::setpgid(pid, group);  // also from the parent, so no signal can race the child's own call
-    ranks[local] = Rank{rank, pid, true, 0};
+    for (const auto& [k, v] : env_map) c.env.push_back(k + "=" + v);
+    c.program = resolve_program(a.command[0]);
+    c.argv.push_back(c.program.data());
+    for (size_t i = 1; i < a.command.size(); ++i) c.argv.push_back(const_cast<char*>(a.command[i].c_str()));
+    c.argv.push_back(nullptr);
+    for (auto& e : c.env) c.envp.push_back(e.data());
+    c.envp.push_back(nullptr);
+    c.exec_error = fmt::format("loom run: rank {} cannot start '{}': ", rank, c.program);
   }
 
+  std::vector<Rank> ranks(a.nproc);
+  const pid_t self = ::getpid();
+  pid_t group = 0;
   std::optional<std::string> failure;  // the first rank that failed, and how
   int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP the launcher received
   Clock::time_point kill_at = Clock::time_point::max();  // SIGKILL whatever still runs then
-  int running = a.nproc;
+  int running = 0;
   // The job's process group: every rank and whatever it started, each signalled exactly once (a rank
   // that is training treats a second SIGINT as "stop now, skip the checkpoint").
-  auto signal_all = [&](int sig) { ::kill(-group, sig); };
+  auto signal_all = [&](int sig) {
+    if (group != 0) ::kill(-group, sig);
+  };
+  auto deadline_in = [](double seconds) {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
+  auto record_failure = [&](std::string what) {
+    if (failure || stop_signal != 0) return;
+    failure = std::move(what);
+    std::fprintf(stderr, "loom run: %s; stopping the other %d rank(s)\n", failure->c_str(), running);
+    if (running > 0) signal_all(SIGTERM);
+    kill_at = std::min(kill_at, deadline_in(a.kill_grace_s));
+  };
+
+  for (int local = 0; local < a.nproc; ++local) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      record_failure(fmt::format("cannot start rank {}: fork failed: {}", a.node_rank * a.nproc + local, std::strerror(errno)));
+      break;
+    }
+    if (pid == 0) exec_rank(images[local], self, group, old_mask);
+    if (group == 0) group = pid;
+    ::setpgid(pid, group);  // also from the parent, so no signal can race the child's own call
+    ranks[local] = Rank{a.node_rank * a.nproc + local, pid, true, 0};
+    ++running;
+  }
 
   while (running > 0) {
     timespec tick{0, 100'000'000};
     siginfo_t info;
     const int sig = ::sigtimedwait(&handled, &info, &tick);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      if (stop_signal != 0) {  // asked twice: stop now
+      if (stop_signal != 0 || failure) {  // asked twice, or already stopping a failed job: stop now
         std::fprintf(stderr, "loom run: stopping all ranks now (SIGKILL)\n");
         signal_all(SIGKILL);
+        if (stop_signal == 0) stop_signal = sig;
       } else {
         stop_signal = sig;
         std::fprintf(stderr, "loom run: received SIG%s: asking %d rank(s) to stop (again to kill them now)\n",
                      sigabbrev_np(sig), running);
         signal_all(sig == SIGHUP ? SIGTERM : sig);  // ranks save a checkpoint on SIGINT/SIGTERM when training
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.stop_timeout_s));
+        kill_at = std::min(kill_at, deadline_in(a.stop_timeout_s));
       }
     }
     for (;;) {
       int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED);
+      if (pid < 0 && errno == ECHILD) {  // nothing left to wait for, whatever the bookkeeping says
+        for (auto& r : ranks) r.running = false;
+        running = 0;
+      }
       if (pid <= 0) break;
       for (auto& r : ranks) {
         if (r.pid != pid || !r.running) continue;
+        if (WIFSTOPPED(status) && WSTOPSIG(status) != SIGTTIN && WSTOPSIG(status) != SIGTTOU) continue;  // SIGSTOP: the user's
+        if (WIFSTOPPED(status)) {
+          record_failure(fmt::format("rank {} (pid {}) was stopped by signal {} (SIG{}): ranks cannot use the "
+                                     "terminal (stdin is /dev/null; `stty tostop` stops writers)",
+                                     r.rank, r.pid, WSTOPSIG(status), sigabbrev_np(WSTOPSIG(status))));
+          ::kill(r.pid, SIGKILL);
+          continue;
+        }
         r.running = false;
         r.status = status;
         --running;
-        if (failed(status) && !failure && stop_signal == 0) {
-          failure = fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_exit(status));
-          std::fprintf(stderr, "loom run: %s; stopping the other %d rank(s)\n", failure->c_str(), running);
-          if (running > 0) signal_all(SIGTERM);
-          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.kill_grace_s));
-        }
+        if (failed(status)) record_failure(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_exit(status)));
       }
     }
     if (Clock::now() >= kill_at && running > 0) {
@@ -234,10 +311,11 @@ int launch(const RunArgs& a) {
       kill_at = Clock::time_point::max();
     }
   }
-  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
 
   const int removed = remove_leftover_segments(job_id);
   if (removed > 0) std::fprintf(stderr, "loom run: removed %d shared-memory segment(s) left by failed ranks\n", removed);
+  server.reset();
+  restore_mask();
   if (failure) {
     std::fprintf(stderr, "loom run: job failed: %s\n", failure->c_str());
     return 1;
@@ -256,7 +334,7 @@ void register_run(CLI::App& app, Action& action) {
   cmd->add_option("-n,--nproc-per-node", args->nproc, "ranks on this node")->required();
   cmd->add_option("--nnodes", args->nnodes, "nodes in the job (start one `loom run` per node)");
   cmd->add_option("--node-rank", args->node_rank, "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)");
-  cmd->add_option("--master-addr", args->master_addr, "address of node 0, where the rendezvous store listens");
+  auto* addr = cmd->add_option("--master-addr", args->master_addr, "address of node 0, where the rendezvous store listens");
   cmd->add_option("--master-port", args->master_port, "rendezvous port (default: a free port on one node)");
   cmd->add_option("--kill-grace", args->kill_grace_s,
                   "seconds the other ranks get to exit after one fails, before SIGKILL (default 3)");
@@ -265,7 +343,10 @@ void register_run(CLI::App& app, Action& action) {
   cmd->add_option("command", args->command, "the command each rank runs (after --); `loom` means this binary")
       ->required();
   cmd->positionals_at_end();
-  cmd->callback([&action, args] { action = [args] { return launch(*args); }; });
+  cmd->callback([&action, args, addr] {
+    args->master_addr_given = addr->count() > 0;
+    action = [args] { return launch(*args); };
+  });
 }
 
 }  // namespace loom::cli

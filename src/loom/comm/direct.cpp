@@ -25,8 +25,9 @@ namespace {
 // A buffer peers can read: registered memory in place, or a staged copy in the arena (freed on exit).
 class Exposed {
  public:
-  Exposed(Transport& t, const void* p, size_t bytes, bool copy_in) : t_(t) {
-    if (auto off = t.arena_offset(p, bytes)) {
+  // `private_copy`: stage even registered memory, because this rank overwrites it while peers read.
+  Exposed(Transport& t, const void* p, size_t bytes, bool copy_in, bool private_copy = false) : t_(t) {
+    if (auto off = private_copy ? std::nullopt : t.arena_offset(p, bytes)) {
       offset_ = *off;
       local_ = static_cast<std::byte*>(const_cast<void*>(p));
       ok_ = true;
@@ -206,7 +207,11 @@ bool all_to_all_v_direct(Transport& t, const CollArgs& a) {
   const size_t es = dtype_size(a.dtype);
   const auto send_off = prefix_offsets(a.counts);
   const auto recv_off = prefix_offsets(a.recv_counts);
-  Exposed in(t, a.in, send_off[n] * es, true);
+  // In place, peers would read blocks this rank is already overwriting: they read a staged copy.
+  const auto* in_lo = static_cast<const std::byte*>(a.in);
+  const auto* out_lo = static_cast<const std::byte*>(a.out);
+  const bool overlap = in_lo < out_lo + recv_off[n] * es && out_lo < in_lo + send_off[n] * es;
+  Exposed in(t, a.in, send_off[n] * es, true, overlap);
   // Peers need my send offsets to find their block: publish them beside the buffer's offset.
   // Record: ok, offset, send offsets[n+1].
   std::vector<uint64_t> rec(n + 3);

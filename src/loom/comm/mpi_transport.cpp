@@ -102,7 +102,7 @@ void MpiTransport::wait(MPI_Request* reqs, int n, const char* what, int peer) {
     if (Clock::now() > deadline_) {
       for (int i = 0; i < n; ++i)
         if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
-      throw PeerTimeout{peer >= 0 ? std::vector<int>{peer} : std::vector<int>{}, what};
+      throw PeerTimeout{peer >= 0 ? std::vector<int>{peer} : std::vector<int>{}, what, this};
     }
     if (++spins < 200) {
       sched_yield();
@@ -149,7 +149,7 @@ void MpiTransport::recv(int peer, uint64_t tag, std::span<std::byte> data) {
   for (;;) {
     check(MPI_Iprobe(peer, user_tag(tag), comm_, &flag, &st), "MPI_Iprobe");
     if (flag) break;
-    if (Clock::now() > deadline_) throw PeerTimeout{{peer}, "a message from the peer"};
+    if (Clock::now() > deadline_) throw PeerTimeout{{peer}, "a message from the peer", this};
     if (++spins < 200) {
       sched_yield();
     } else {

@@ -3,6 +3,8 @@
 // with MPI_Get through a window over the arena (copying: MPI cannot map a peer's memory).
 #pragma once
 
+#include <atomic>
+
 #include <mpi.h>
 
 #include <map>
@@ -37,7 +39,7 @@ class MpiTransport final : public Transport {
   bool reads_peers() const override { return win_ != MPI_WIN_NULL || size_ == 1; }
   const std::byte* map_peer(int, uint64_t, size_t) override { return nullptr; }
   void read_peer(int peer, uint64_t offset, std::span<std::byte> dst) override;
-  uint64_t bytes_sent() const override { return bytes_sent_; }
+  uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
 
  private:
   void wait(MPI_Request* reqs, int n, const char* what, int peer);
@@ -51,7 +53,7 @@ class MpiTransport final : public Transport {
   std::vector<std::byte> records_;
   std::vector<int> record_sizes_;
   int tag_ub_ = 32767;
-  uint64_t bytes_sent_ = 0;
+  std::atomic<uint64_t> bytes_sent_{0};  // read by stats() on another thread
 };
 
 // Initialises MPI with MPI_THREAD_MULTIPLE once per process (groups' progress threads call MPI

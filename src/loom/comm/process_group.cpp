@@ -115,9 +115,9 @@ GroupStats ProcessGroup::stats() const {
 RegisteredBuffer ProcessGroup::register_buffer(size_t bytes) {
   auto block = transport_->arena_allocate(bytes);
   if (!block)
-    throw CommError(fmt::format("rank {}: cannot register {} MiB of communication memory: group {}'s arena is full "
-                                "(raise LOOM_COMM_ARENA_MB)",
-                                ranks_[rank_], bytes >> 20, id_));
+    throw CommError(fmt::format("rank {}: cannot register {:.1f} MiB of communication memory: group {}'s arena is full "
+                                "(raise LOOM_COMM_ARENA_MB; an MPI group's arena stops at 256 MiB)",
+                                ranks_[rank_], bytes / 1048576.0, id_));
   if (accounting_) accounting_->note_external(MemCategory::Communication, static_cast<ptrdiff_t>(bytes));
   RegisteredBuffer b;
   b.bytes_ = *block;
@@ -201,8 +201,15 @@ void ProcessGroup::execute(Op& op) {
     if (tuning_.debug && is_collective(op.desc.kind) && size() > 1) debug_check(op);
     algo = run_algorithm(op);
   } catch (const PeerTimeout& pt) {
+    // A hierarchical group's local and cross transports number peers their own way: local index j is
+    // group rank node*L + j, cross index j (a node) is group rank j*L + local rank.
     std::vector<int> missing;
-    for (int r : pt.missing) missing.push_back(ranks_.at(r));
+    for (int r : pt.missing) {
+      int g = r;
+      if (local_ && pt.source == local_.get()) g = cross_->rank() * local_->size() + r;
+      if (cross_ && pt.source == cross_.get()) g = r * local_->size() + local_->rank();
+      missing.push_back(ranks_.at(g));
+    }
     auto msg = fmt::format(
         "rank {}: {} timed out after {:.0f} s (LOOM_COMM_TIMEOUT) in group {} (ranks [{}]) waiting for {}: rank(s) {} "
         "never arrived",

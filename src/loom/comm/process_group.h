@@ -39,7 +39,7 @@ class Work {
 };
 
 // Memory in the group's shared arena: collectives on it read peers' copies in place. Counted as
-// communication buffers by the allocator given at group creation.
+// communication buffers by the allocator given at group creation. Must not outlive its group.
 class RegisteredBuffer {
  public:
   RegisteredBuffer() = default;

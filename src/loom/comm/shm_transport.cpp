@@ -137,7 +137,7 @@ void ShmTransport::check_peer(int peer, const char* what) const {
 }
 
 void ShmTransport::wait_for(const char* what, int peer, const std::function<bool()>& ready) {
-  if (!wait_on(layout_->bells[rank_], spin_, deadline_, ready)) throw PeerTimeout{{peer}, what};
+  if (!wait_on(layout_->bells[rank_], spin_, deadline_, ready)) throw PeerTimeout{{peer}, what, this};
 }
 
 std::vector<std::span<const std::byte>> ShmTransport::exchange(std::span<const std::byte> mine) {
@@ -160,7 +160,7 @@ std::vector<std::span<const std::byte>> ShmTransport::exchange(std::span<const s
   };
   auto wait_all = [&](uint64_t target) {
     if (!wait_on(L.bells[rank_], spin_, deadline_, [&] { return all_reached(target, nullptr); })) {
-      PeerTimeout pt{{}, "exchange"};
+      PeerTimeout pt{{}, "exchange", this};
       all_reached(target, &pt.missing);
       throw pt;
     }

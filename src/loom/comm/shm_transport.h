@@ -2,6 +2,8 @@
 // one control segment per group, and one registered arena per rank that peers map and read in place.
 #pragma once
 
+#include <atomic>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -47,7 +49,7 @@ class ShmTransport final : public Transport {
   bool maps_peers() const override { return true; }
   const std::byte* map_peer(int peer, uint64_t offset, size_t bytes) override;
   void read_peer(int peer, uint64_t offset, std::span<std::byte> dst) override;
-  uint64_t bytes_sent() const override { return bytes_sent_; }
+  uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
 
  private:
   struct Layout;
@@ -66,7 +68,7 @@ class ShmTransport final : public Transport {
   std::vector<ShmSegment> peer_arenas_;  // index = group rank (own entry empty)
   std::unique_ptr<Layout> layout_;
   uint64_t exchanges_ = 0;
-  uint64_t bytes_sent_ = 0;
+  std::atomic<uint64_t> bytes_sent_{0};  // read by stats() on another thread
   ArenaFreeList arena_free_;
 };
 

@@ -16,9 +16,11 @@ namespace loom::comm {
 
 // Thrown by a transport when a wait passes its deadline; the ProcessGroup turns it into a
 // CommTimeoutError that names the op, its sequence number and the group's global ranks.
+class Transport;
 struct PeerTimeout {
-  std::vector<int> missing;  // group ranks that never arrived
+  std::vector<int> missing;  // ranks of `source` that never arrived
   std::string waiting_for;   // "exchange", "message from rank 3", ...
+  const Transport* source = nullptr;  // which transport (a hierarchical group has three)
 };
 
 class Transport {
