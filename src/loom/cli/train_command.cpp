@@ -13,6 +13,8 @@
 #include "loom/kernels/cpu_backend.h"
 #include "loom/kernels/peak_probe.h"
 #include "loom/error.h"
+#include "loom/comm/world.h"
+#include "loom/parallel/mesh.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/preemption.h"
 #include "loom/train/run_log.h"
@@ -57,16 +59,30 @@ int run_train(const TrainOptions& o) {
   if (!o.save_dir.empty()) cfg.checkpoint.dir = o.save_dir;
   if (o.keep) cfg.checkpoint.keep = *o.keep;
   cfg.validate();
+  // A multi-rank job (loom run, mpirun, srun): join it and lay the ranks out on the mesh. Rank 0 speaks,
+  // logs and saves; the replicas it stands for hold the same state.
+  const comm::JobEnv job = comm::read_job_env();
+  const parallel::MeshShape shape{static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.dp),
+                                  static_cast<int>(cfg.parallel.cp), static_cast<int>(cfg.parallel.tp)};
+  parallel::validate_mesh(shape, job.world_size);  // before any work: the layout must fit the job
+  Allocator alloc;
+  std::unique_ptr<comm::World> world;
+  std::unique_ptr<parallel::Mesh> mesh;
+  if (job.world_size > 1) {
+    world = comm::World::join(job, comm::comm_options_from_env(comm::current_environment()), &alloc);
+    mesh = std::make_unique<parallel::Mesh>(shape, *world);
+  }
+  const bool lead = job.rank == 0;
+  const bool quiet = o.quiet || !lead;
   const int threads = resolve_threads(cfg.train.threads);
   const bool tty = isatty(STDERR_FILENO);
   auto say = [&](const std::string& line) {
-    if (!o.quiet) fmt::print(stderr, "{}\n", line);
+    if (!quiet) fmt::print(stderr, "{}\n", line);
   };
 
   profile::Tracer tracer(!cfg.trace.file.empty() ? profile::Tracer::Mode::Full
                          : cfg.trace.summary    ? profile::Tracer::Mode::Summary
                                                 : profile::Tracer::Mode::Off);
-  Allocator alloc;
   kernels::CpuBackend backend(alloc, &tracer, threads);
   train::RunIdentity id{LOOM_VERSION, LOOM_GIT_COMMIT, backend.describe(), threads, 0, ""};
   say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
@@ -81,11 +97,17 @@ int run_train(const TrainOptions& o) {
   id.peak_flops = peak.flops_per_s;
   id.peak_source = peak.source;
   say(fmt::format("device peak {} GEMM {:.1f} GFLOP/s ({})", dtype_name(peak_type), peak.flops_per_s * 1e-9, peak.source));
+  if (world)
+    say(fmt::format("job: {} ranks ({}) on {} node(s), {} transport, mesh {}", world->size(),
+                    comm::launcher_name(job.launcher), world->nodes(), world->group().transport_name(), shape.str()));
 
-  train::write_run_manifest(cfg.train.out_dir, cfg, id);
   const bool resuming_run = o.resume || !o.resume_from.empty();
-  train::MetricsLog log(cfg.train.out_dir, /*append=*/resuming_run);
-  train::Trainer trainer(cfg, backend, peak.flops_per_s);
+  std::optional<train::MetricsLog> log;
+  if (lead) {
+    train::write_run_manifest(cfg.train.out_dir, cfg, id);
+    log.emplace(cfg.train.out_dir, /*append=*/resuming_run);
+  }
+  train::Trainer trainer(cfg, backend, peak.flops_per_s, mesh ? mesh->group(spec::MeshAxis::DP) : nullptr);
   say("data: " + trainer.data().describe());
   const bool resuming = resuming_run;
   train::CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming);
@@ -117,22 +139,29 @@ int run_train(const TrainOptions& o) {
   const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
   bool preempted = false;
   trainer.run([&](const train::StepMetrics& s) {
-    log.write(s);
+    if (log) log->write(s);
     // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
     const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
     const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
     preempted = train::preemption_requested();
-    if (periodic || final || preempted) {
-      std::string path = checkpoints.save(trainer, s.step);
-      last_saved = s.step;
-      if (!o.quiet) fmt::print(stderr, "{}checkpoint saved: {}\n", tty ? "\r\033[K" : "", path);
+    if (world) {
+      // Ranks may see a signal at different steps: all stop after the same one, or the early ones would
+      // leave the others waiting in the next step's collectives.
+      int32_t flag = preempted ? 1 : 0;
+      world->group().all_reduce(&flag, &flag, 1, DType::I32, comm::ReduceOp::kMax).wait();
+      preempted = flag != 0;
     }
+    if ((periodic || final || preempted) && lead) {  // replicas: rank 0's state is everyone's
+      std::string path = checkpoints.save(trainer, s.step);
+      if (!quiet) fmt::print(stderr, "{}checkpoint saved: {}\n", tty ? "\r\033[K" : "", path);
+    }
+    if (periodic || final || preempted) last_saved = s.step;
     if (preempted) return false;
     last_loss = s.loss;
     if (s.val_loss) last_val = s.val_loss;
     if (s.step > warmup) tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
     if (s.step == warmup) tracer.reset_stats();
-    if (o.quiet || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
+    if (quiet || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
     double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step - trainer.start_step()));
     std::string line = fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
                                    s.step, std::to_string(s.total_steps).size(), s.total_steps, s.loss,
@@ -156,16 +185,16 @@ int run_train(const TrainOptions& o) {
   const double hfu = wall > 0 && peak.flops_per_s > 0 ? declared / wall / peak.flops_per_s : 0;
   say(fmt::format("done: loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
                   last_loss, last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
-                  alloc.total().peak / 1048576.0, log.path()));
+                  alloc.total().peak / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
   if (med_mfu > 1.0)
     say(fmt::format("note: MFU above 100% means the device peak ({}) is too low -- it was probably measured on a busy "
                     "machine; run `loom info --remeasure` on an idle one", peak.source));
-  if (tracer.on() && !o.quiet && wall > 0) say(profile::format_breakdown(profile::breakdown(tracer, wall)));
-  if (!cfg.trace.file.empty()) {
+  if (tracer.on() && !quiet && wall > 0) say(profile::format_breakdown(profile::breakdown(tracer, wall)));
+  if (!cfg.trace.file.empty() && lead) {
     tracer.write_chrome_trace(cfg.trace.file);
     say("trace written to " + cfg.trace.file + " (open in https://ui.perfetto.dev)");
   }
-  if (o.json) {
+  if (o.json && lead) {
     nlohmann::json j{{"framework", "loom"},   {"preset", cfg.model.preset}, {"precision", model::precision_name(cfg.precision)},
                      {"threads", threads},    {"tokens_per_s", med_tps},    {"mfu", med_mfu},
                      {"hfu", hfu},            {"final_loss", last_loss},    {"steps", cfg.train.steps},

@@ -111,7 +111,7 @@ const std::vector<Field>& fields() {
             [](const RunConfig& c) { return std::to_string(c.train.seed); }},
       LOOM_INT("train.steps", train.steps, "optimizer steps to run"),
       LOOM_INT("train.batch_size", train.batch_size, "global batch in sequences per step"),
-      LOOM_INT("train.micro_batch_size", train.micro_batch_size, "sequences per forward/backward (0: batch_size); must divide batch_size"),
+      LOOM_INT("train.micro_batch_size", train.micro_batch_size, "sequences per forward/backward (0: batch_size / parallel.dp); must divide each rank's share of batch_size"),
       LOOM_INT("train.seq_len", train.seq_len, "tokens per sequence (0: model.max_seq)"),
       LOOM_DOUBLE("train.lr", train.lr, "peak learning rate"),
       LOOM_DOUBLE("train.min_lr", train.min_lr, "learning rate at the end of the cosine decay"),
@@ -275,9 +275,18 @@ void RunConfig::validate() const {
   need(checkpoint.save_every >= 0 && checkpoint.keep >= 0, "checkpoint.save_every and checkpoint.keep must be >= 0");
   need(!checkpoint.dir.empty(), "checkpoint.dir must not be empty");
   const ParallelSection& p = parallel;
-  need(p.dp == 1 && p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1 && p.zero == 0,
+  auto degree_ok = [](int64_t d) { return d >= 1 && d <= 65536; };
+  need(degree_ok(p.dp) && degree_ok(p.tp) && degree_ok(p.pp) && degree_ok(p.cp) && degree_ok(p.ep),
+       "parallel degrees must be 1..65536 (dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) +
+           " ep=" + s(p.ep) + ")");
+  need(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1 && p.zero == 0,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +
-           " zero=" + s(p.zero) + " is not supported yet: this build trains on one rank (all degrees 1, zero 0)");
+           " zero=" + s(p.zero) + " is not supported yet: this build runs data parallelism only (parallel.dp = N, "
+           "every other degree 1, parallel.zero = 0)");
+  need(train.batch_size % (p.dp * micro_batch()) == 0,
+       "train.batch_size = " + s(train.batch_size) + " must be divisible by parallel.dp x train.micro_batch_size = " +
+           s(p.dp) + " x " + s(micro_batch()) + " (each data-parallel rank runs whole micro-batches of its share)");
+
 }
 
 std::string RunConfig::to_toml() const {

@@ -3,6 +3,8 @@
 // and `loom train --help`.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -68,7 +70,10 @@ struct RunConfig {
   ParallelSection parallel;
 
   int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.resolved.max_seq; }
-  int64_t micro_batch() const { return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size; }
+  // 0 means one micro-batch per step: the whole batch, or with data parallelism each rank's share.
+  int64_t micro_batch() const {
+    return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / std::max<int64_t>(parallel.dp, 1);
+  }
   // Throws ConfigError on values that cannot run (batch not divisible, parallel degrees not yet
   // supported, ...), naming the keys and numbers.
   void validate() const;

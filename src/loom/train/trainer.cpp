@@ -8,14 +8,21 @@
 
 namespace loom::train {
 
-Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops)
+Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, comm::ProcessGroup* dp)
     : cfg_(cfg),
       backend_(backend),
+      dp_(dp && dp->size() > 1 ? dp : nullptr),
+      dp_size_(dp_ ? dp_->size() : 1),
+      dp_rank_(dp_ ? dp_->rank() : 0),
       peak_flops_(peak_flops),
       flops_per_token_(spec::model_flops_per_token(cfg.model.resolved, cfg.seq_len())),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
       data_(make_token_source(cfg)) {
   cfg_.validate();
+  if (dp_size_ != cfg_.parallel.dp)
+    throw ConfigError("parallel.dp = " + std::to_string(cfg_.parallel.dp) + " but the data-parallel group has " +
+                      std::to_string(dp_size_) + " rank(s): start parallel.dp ranks (loom run -n " +
+                      std::to_string(cfg_.parallel.dp) + " -- loom train ...)");
   Allocator& alloc = backend_.allocator();
   params_ = std::make_unique<model::ParameterStore>(spec::build_param_table(cfg_.model.resolved), cfg_.precision, alloc);
   params_->initialize(cfg_.train.seed);
@@ -32,8 +39,10 @@ StepMetrics Trainer::train_step(int64_t step) {
   profile::Span step_span(tracer, "step", profile::Category::Step);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t mb = cfg_.micro_batch(), T = cfg_.seq_len();
-  const int64_t n_micro = cfg_.train.batch_size / mb;
-  const int64_t first = (step - 1) * cfg_.train.batch_size;  // data order: a function of the global sample index
+  // Data order is a function of the global sample index: dp rank r runs the r-th share of the batch.
+  const int64_t share = cfg_.train.batch_size / dp_size_;
+  const int64_t n_micro = share / mb;
+  const int64_t first = (step - 1) * cfg_.train.batch_size + dp_rank_ * share;
   // Every sample holds T targets (no padding), so the loss is the mean over batch * T of them.
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
   params_->zero_grads();
@@ -47,6 +56,13 @@ StepMetrics Trainer::train_step(int64_t step) {
     loss_sum += loss;
     model_->backward(ctx_);
   }
+  if (dp_) {
+    // Gradients were scaled by the global sample count, so the sum over replicas is the batch gradient.
+    profile::Span span(tracer, "dp_all_reduce", profile::Category::Communication, 0,
+                       static_cast<double>(params_->grads().numel()) * 4);
+    dp_sum(params_->grads().data<float>(), static_cast<size_t>(params_->grads().numel()));
+    loss_sum = dp_sum(loss_sum);
+  }
   const double norm = global_grad_norm(*params_);
   if (!std::isfinite(norm)) check_finite_gradients(step);
   const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
@@ -57,7 +73,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   StepMetrics s;
   s.step = step;
   s.total_steps = cfg_.train.steps;
-  s.loss = loss_sum / static_cast<double>(n_micro);
+  s.loss = loss_sum / static_cast<double>(n_micro * dp_size_);
   s.lr = lr;
   s.grad_norm = norm;
   s.step_seconds = seconds;
@@ -67,7 +83,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.tokens = tokens_seen_;
   s.elapsed_seconds = elapsed_;
   s.tokens_per_s = static_cast<double>(step_tokens) / seconds;
-  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / peak_flops_ : 0.0;
+  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * dp_size_) : 0.0;
   return s;
 }
 
@@ -86,11 +102,20 @@ void Trainer::check_finite_gradients(int64_t step) const {
 double Trainer::evaluate() {
   profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
   double sum = 0;
-  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+  for (int64_t i = dp_rank_; i < cfg_.train.eval_batches; i += dp_size_) {  // dp ranks split the batches
     data_->fill(tokens_, targets_, i * cfg_.micro_batch(), Split::Validation);
     sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
   }
-  return sum / static_cast<double>(cfg_.train.eval_batches);
+  return dp_sum(sum) / static_cast<double>(cfg_.train.eval_batches);
+}
+
+void Trainer::dp_sum(float* data, size_t n) const {
+  if (dp_) dp_->all_reduce(data, data, n, DType::F32, comm::ReduceOp::kSum).wait();
+}
+
+double Trainer::dp_sum(double v) const {
+  if (dp_) dp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
+  return v;
 }
 
 void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {

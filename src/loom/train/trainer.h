@@ -1,4 +1,4 @@
-// The single-rank training loop: micro-batches with gradient accumulation, global-norm clipping,
+// The training loop: micro-batches with gradient accumulation, data parallelism, global-norm clipping,
 // AdamW on fp32 masters, warm-up + cosine LR, periodic validation, and a hard stop naming the step
 // and tensor when a loss or gradient goes non-finite. Reports each step through a callback; never
 // prints.
@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "loom/comm/process_group.h"
 #include "loom/kernels/backend.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
@@ -30,8 +31,11 @@ struct StepMetrics {
 
 class Trainer {
  public:
-  // peak_flops: the device peak MFU is measured against (0: MFU not reported).
-  Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops);
+  // peak_flops: one rank's device peak, which MFU is measured against (0: MFU not reported).
+  // dp: the data-parallel group (nullptr or size 1: this rank trains alone). Each dp rank runs its
+  // share of every batch's samples; gradients are summed across the group after backward, so every
+  // replica takes the same step.
+  Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, comm::ProcessGroup* dp = nullptr);
 
   // Runs one optimizer step (step counts from 1).
   StepMetrics train_step(int64_t step);
@@ -54,8 +58,14 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
+  // Sums `n` values over the dp group in place (no-op alone).
+  void dp_sum(float* data, size_t n) const;
+  double dp_sum(double v) const;
+
   RunConfig cfg_;
   kernels::Backend& backend_;
+  comm::ProcessGroup* dp_;
+  int dp_size_ = 1, dp_rank_ = 0;
   double peak_flops_;
   double flops_per_token_;
   std::unique_ptr<model::ParameterStore> params_;
