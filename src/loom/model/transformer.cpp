@@ -205,14 +205,19 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
   return c.valid_targets > 0 ? sum / static_cast<double>(c.valid_targets) : 0.0;
 }
 
-void Transformer::backward(ActivationContext& c) {
+void Transformer::backward(ActivationContext& c, const std::function<void(int64_t)>& on_block_done) {
   const auto s = attention_shape(c.B, c.T);
   // LM head: logits hold dlogits after the fused softmax-cross-entropy.
   backend_.linear_backward(&c.d_norm, false, head_.dw, nullptr, c.logits, c.nf_lp, head_.w);
   c.d_res.fill_zero();
   norm_backward(norm_f_, c.d_res, c.d_norm, c.residual[cfg_.n_layers], c.nf_mean, c.nf_rstd);
-  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) block_backward(blocks_[l], c.blocks[l], c, c.residual[l], s);
+  if (on_block_done) on_block_done(cfg_.n_layers);
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    block_backward(blocks_[l], c.blocks[l], c, c.residual[l], s);
+    if (on_block_done) on_block_done(l);
+  }
   backend_.embedding_backward(dwte_, llama_ ? nullptr : &dwpe_, c.d_res, c.tokens);
+  if (on_block_done) on_block_done(-1);
 }
 
 }  // namespace loom::model

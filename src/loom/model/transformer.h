@@ -3,6 +3,8 @@
 // parallelism; it reads weights by name from the ParameterStore and runs every op on a Backend.
 #pragma once
 
+#include <functional>
+
 #include <vector>
 
 #include "loom/kernels/backend.h"
@@ -34,7 +36,9 @@ class Transformer {
   // dlogits = d(loss_sum * grad_scale)/dlogits for backward(); grad_scale = 0 is evaluation only.
   double forward(ActivationContext& ctx, const Tensor& tokens, const Tensor& targets, float grad_scale);
   // Accumulates parameter gradients (+=) into the ParameterStore's gradient arena.
-  void backward(ActivationContext& ctx);
+  // on_block_done(l) runs when block l's parameter gradients are final; l = n_layers after the head and
+  // final norm, -1 at the very end (embeddings, and a tied head, are final only then).
+  void backward(ActivationContext& ctx, const std::function<void(int64_t)>& on_block_done = {});
 
  private:
   struct Block {

@@ -1,5 +1,7 @@
 #include "loom/spec/param_table.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "loom/error.h"
@@ -10,6 +12,36 @@ int64_t ParamSpec::numel() const {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   return n;
+}
+
+namespace {
+// The block index in a Hugging Face name ("transformer.h.3.attn..." / "model.layers.3.mlp..."), or -1.
+int64_t block_of(const std::string& name) {
+  for (const char* key : {".h.", ".layers."}) {
+    auto at = name.find(key);
+    if (at == std::string::npos) continue;
+    size_t i = at + std::char_traits<char>::length(key);
+    int64_t v = 0;
+    bool digits = false;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digits = true) v = v * 10 + (name[i] - '0');
+    if (digits && i < name.size() && name[i] == '.') return v;
+  }
+  return -1;
+}
+}  // namespace
+
+std::vector<int64_t> ParamTable::block_starts(int64_t n_layers) const {
+  std::vector<int64_t> starts(n_layers + 1, total_);
+  int64_t blocks_end = 0;
+  for (const auto& p : params_) {
+    const int64_t b = block_of(p.name);
+    if (b >= 0 && b < n_layers) {
+      starts[b] = std::min(starts[b], p.offset);
+      blocks_end = std::max(blocks_end, p.offset + p.numel());
+    }
+  }
+  starts[n_layers] = blocks_end;
+  return starts;
 }
 
 void ParamTable::add(ParamSpec p) {

@@ -37,6 +37,10 @@ class ParamTable {
   // Parameters excluding token and position embeddings (the LM head counts only when untied).
   int64_t non_embedding_numel() const;
   const ParamSpec& at(const std::string& name) const;  // throws ConfigError naming the tensor
+  // Arena offsets where each transformer block's parameters start, plus (last entry) where the
+  // parameters after the blocks start (final norm, untied head): n_layers + 1 entries. Backward makes
+  // gradients final block by block from the end, so these are the gradient-readiness boundaries.
+  std::vector<int64_t> block_starts(int64_t n_layers) const;
   std::optional<size_t> index_of(const std::string& name) const;
 
   void add(ParamSpec p);

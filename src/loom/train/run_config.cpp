@@ -141,6 +141,8 @@ const std::vector<Field>& fields() {
       LOOM_INT("parallel.cp", parallel.cp, "context-parallel degree"),
       LOOM_INT("parallel.ep", parallel.ep, "expert-parallel degree"),
       LOOM_INT("parallel.zero", parallel.zero, "ZeRO stage 0-3"),
+      LOOM_INT("parallel.bucket_kb", parallel.bucket_kb,
+               "KiB of gradients per data-parallel all-reduce, issued during backward (0: one after backward)"),
   };
   return f;
 }
@@ -275,6 +277,8 @@ void RunConfig::validate() const {
   need(checkpoint.save_every >= 0 && checkpoint.keep >= 0, "checkpoint.save_every and checkpoint.keep must be >= 0");
   need(!checkpoint.dir.empty(), "checkpoint.dir must not be empty");
   const ParallelSection& p = parallel;
+  need(p.bucket_kb >= 0 && p.bucket_kb <= (int64_t{1} << 24),
+       "parallel.bucket_kb must be 0..16777216 (0: one all-reduce after backward)");
   auto degree_ok = [](int64_t d) { return d >= 1 && d <= 65536; };
   need(degree_ok(p.dp) && degree_ok(p.tp) && degree_ok(p.pp) && degree_ok(p.cp) && degree_ok(p.ep),
        "parallel degrees must be 1..65536 (dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) +

@@ -30,6 +30,11 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   optimizer_ = std::make_unique<AdamW>(
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc);
   ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
+  if (dp_) {
+    buckets_ = std::make_unique<parallel::GradBuckets>(params_->table(), params_->grads().data<float>(), *dp_,
+                                                       static_cast<size_t>(cfg_.parallel.bucket_kb) << 10);
+    block_starts_ = params_->table().block_starts(cfg_.model.resolved.n_layers);
+  }
   tokens_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
   targets_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
 }
@@ -54,13 +59,19 @@ StepMetrics Trainer::train_step(int64_t step) {
       throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
                          std::to_string(m) + "; lower train.lr or check the data");
     loss_sum += loss;
-    model_->backward(ctx_);
+    if (dp_ && m == n_micro - 1) {
+      // Last micro-batch: each bucket is all-reduced as soon as backward has made it final. Gradients
+      // were scaled by the global sample count, so the sum over replicas is the batch gradient.
+      buckets_->begin();
+      model_->backward(ctx_, [&](int64_t l) { buckets_->ready_from(l >= 0 ? block_starts_[l] : 0); });
+    } else {
+      model_->backward(ctx_);
+    }
   }
   if (dp_) {
-    // Gradients were scaled by the global sample count, so the sum over replicas is the batch gradient.
-    profile::Span span(tracer, "dp_all_reduce", profile::Category::Communication, 0,
+    profile::Span span(tracer, "dp_all_reduce_wait", profile::Category::Communication, 0,
                        static_cast<double>(params_->grads().numel()) * 4);
-    dp_sum(params_->grads().data<float>(), static_cast<size_t>(params_->grads().numel()));
+    buckets_->finish();
     loss_sum = dp_sum(loss_sum);
   }
   const double norm = global_grad_norm(*params_);
@@ -107,10 +118,6 @@ double Trainer::evaluate() {
     sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
   }
   return dp_sum(sum) / static_cast<double>(cfg_.train.eval_batches);
-}
-
-void Trainer::dp_sum(float* data, size_t n) const {
-  if (dp_) dp_->all_reduce(data, data, n, DType::F32, comm::ReduceOp::kSum).wait();
 }
 
 double Trainer::dp_sum(double v) const {

@@ -10,6 +10,7 @@
 
 #include "loom/comm/process_group.h"
 #include "loom/kernels/backend.h"
+#include "loom/parallel/grad_buckets.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
 #include "loom/train/lr_schedule.h"
@@ -58,14 +59,15 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
-  // Sums `n` values over the dp group in place (no-op alone).
-  void dp_sum(float* data, size_t n) const;
+  // Sums a value over the dp group (identity alone).
   double dp_sum(double v) const;
 
   RunConfig cfg_;
   kernels::Backend& backend_;
   comm::ProcessGroup* dp_;
   int dp_size_ = 1, dp_rank_ = 0;
+  std::unique_ptr<parallel::GradBuckets> buckets_;  // data parallelism only
+  std::vector<int64_t> block_starts_;               // gradient-readiness boundaries (ParamTable::block_starts)
   double peak_flops_;
   double flops_per_token_;
   std::unique_ptr<model::ParameterStore> params_;
