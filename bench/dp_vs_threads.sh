@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Data parallelism on one machine (issue 5's target): `mini`, dp=2 ranks of 1 thread against one rank of
+# 2 threads, with gradient buckets overlapped with backward and with one all-reduce after backward.
+# Alternates the three runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N).
+#   bash bench/dp_vs_threads.sh [rounds] [steps] [build-dir]
+set -euo pipefail
+rounds=${1:-3}
+steps=${2:-10}
+build=${3:-build}
+loom="$(cd "$build" && pwd)/loom"
+[ -x "$loom" ] || { echo "no $loom: build first" >&2; exit 1; }
+cd "$(dirname "$0")/.."
+[ -d data/fortunes ] || "$loom" prepare --input /usr/share/games/fortunes --out data/fortunes >/dev/null
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+declare -A results
+for ((r = 1; r <= rounds; r++)); do
+  for run in "dp1 1 4096" "dp2-buckets 2 4096" "dp2-after-backward 2 0"; do
+    set -- $run
+    rm -rf "$tmp/ck"
+    tps=$("$loom" run -n "$2" -- "$loom" train --config configs/mini.toml --set parallel.dp="$2" \
+      --set parallel.bucket_kb="$3" --set train.steps="$steps" --set train.eval_every=0 \
+      --set train.out_dir="$tmp/out" --save-dir "$tmp/ck" --quiet --json | tail -1 |
+      python3 -c 'import json,sys; print(round(json.load(sys.stdin)["tokens_per_s"]))')
+    results[$1]+="$tps "
+  done
+done
+median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+base=$(echo "${results[dp1]}" | median)
+printf "%-22s %10s %8s   (runs: tokens/s)\n" run "median" "vs dp1"
+for k in dp1 dp2-buckets dp2-after-backward; do
+  m=$(echo "${results[$k]}" | median)
+  printf "%-22s %10s %7.2fx   (%s)\n" "$k" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" "${results[$k]}"
+done
