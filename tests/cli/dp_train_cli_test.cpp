@@ -118,6 +118,19 @@ TEST(DataParallelCli, ResumingFromItsOwnCheckpointIsBitwiseIdentical) {
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
 }
 
+TEST(DataParallelCli, CheckReplicasPassesOnHealthyRanksAndNamesOneThatDrifted) {
+  auto dir = scratch_dir("dp-replicas");
+  const std::string args = "run -n 3 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet "
+                           "--set parallel.dp=3 --set train.batch_size=6 --set train.steps=4 --check-replicas 2 "
+                           "--set train.out_dir=" + (dir / "out").string() + " --save-dir " + (dir / "ck").string();
+  auto ok = run_loom(args);
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  std::filesystem::remove_all(dir);
+  auto bad = run_loom(args, "LOOM_FAULT_INJECT=replica_drift");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_THAT(bad.err, HasSubstr("step 2: data-parallel replicas drifted: dp rank 2's weights differ from dp rank 0's"));
+}
+
 TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   auto r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.dp=2");
   EXPECT_NE(r.rc, 0);

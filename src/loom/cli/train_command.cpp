@@ -34,6 +34,7 @@ struct TrainOptions {
   std::string save_dir;
   std::optional<int64_t> keep;
   bool resume = false;
+  int64_t check_replicas = 0;
   std::string resume_from;
 };
 
@@ -140,6 +141,7 @@ int run_train(const TrainOptions& o) {
   bool preempted = false;
   trainer.run([&](const train::StepMetrics& s) {
     if (log) log->write(s);
+    if (o.check_replicas > 0 && s.step % o.check_replicas == 0) trainer.check_replicas(s.step);
     // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
     const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
     const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
@@ -219,6 +221,10 @@ void register_train(CLI::App& app, Action& action) {
   cmd->add_option("--save-every", o->save_every, "checkpoint every N steps (checkpoint.save_every)");
   cmd->add_option("--save-dir", o->save_dir, "checkpoint directory (checkpoint.dir)");
   cmd->add_option("--keep", o->keep, "keep only this run's newest K checkpoints (checkpoint.keep)");
+  cmd->add_option("--check-replicas", o->check_replicas,
+                  "every N steps, check that data-parallel replicas hold bitwise-identical weights and optimizer "
+                  "state, naming the first rank that drifted (0: never)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--resume", o->resume, "continue the run in checkpoint.dir from its latest checkpoint");
   cmd->add_option("--resume-from", o->resume_from, "continue from this checkpoint (a step-N folder or checkpoint dir)");
   cmd->footer("Config keys (TOML tables; --set uses the dotted names):\n" + train::config_reference());

@@ -2,7 +2,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
+#include "loom/core/checksum.h"
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
 
@@ -118,6 +120,28 @@ double Trainer::evaluate() {
     sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
   }
   return dp_sum(sum) / static_cast<double>(cfg_.train.eval_batches);
+}
+
+void Trainer::check_replicas(int64_t step) {
+  if (!dp_) return;
+  profile::Span span(backend_.tracer(), "check_replicas", profile::Category::Host);
+  // Fault injection for the test of this check: the last replica's first weight moves by one ulp.
+  if (const char* f = std::getenv("LOOM_FAULT_INJECT"); f && std::string(f) == "replica_drift" && dp_rank_ == dp_size_ - 1) {
+    float* w = params_->master().data<float>();
+    w[0] = std::nextafter(w[0], 1e30f);
+  }
+  auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.data<float>(), t.numel() * sizeof(float)) : 0; };
+  const uint64_t mine[3] = {hash_of(params_->master()), hash_of(optimizer_->m()), hash_of(optimizer_->v())};
+  std::vector<uint64_t> all(3 * static_cast<size_t>(dp_size_));
+  dp_->all_gather(mine, all.data(), 3, DType::I64).wait();
+  const char* what[3] = {"weights", "AdamW first moments", "AdamW second moments"};
+  for (int r = 1; r < dp_size_; ++r)
+    for (int k = 0; k < 3; ++k)
+      if (all[3 * r + k] != all[k])
+        throw NumericError("step " + std::to_string(step) + ": data-parallel replicas drifted: dp rank " +
+                           std::to_string(r) + "'s " + what[k] + " differ from dp rank 0's (hash " +
+                           checksum_hex(all[3 * r + k]) + " vs " + checksum_hex(all[k]) +
+                           "); the ranks no longer train the same model. Report this with the config");
 }
 
 double Trainer::dp_sum(double v) const {

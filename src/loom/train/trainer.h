@@ -42,6 +42,10 @@ class Trainer {
   StepMetrics train_step(int64_t step);
   // Mean loss over train.eval_batches validation micro-batches.
   double evaluate();
+  // Data parallelism: hashes this replica's weights and optimizer state, compares the hashes across the
+  // dp group and throws NumericError naming the first rank that differs from dp rank 0 (replicas
+  // must stay bitwise identical). Collective over the dp group; a no-op alone.
+  void check_replicas(int64_t step);
   // Runs steps start_step()+1 .. train.steps, calling on_step after each; stops early (after the
   // step) when on_step returns false.
   void run(const std::function<bool(const StepMetrics&)>& on_step);
