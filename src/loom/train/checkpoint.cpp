@@ -77,7 +77,7 @@ struct Tensors {
 Tensors collect(Trainer& t) {
   Tensors out;
   auto& params = t.params();
-  auto& opt = t.optimizer();
+  const auto moments = t.full_moments();
   for (const auto& p : params.table().params()) {
     auto add = [&](std::vector<SafetensorsEntry>& file, const char* file_name, const std::string& key, const float* data) {
       size_t bytes = static_cast<size_t>(p.numel()) * sizeof(float);
@@ -86,8 +86,8 @@ Tensors collect(Trainer& t) {
                            {"placement", p.placement.str()}, {"checksum", checksum_hex(checksum64(data, bytes))}});
     };
     add(out.model, "model.safetensors", p.name, params.master().data<float>() + p.offset);
-    add(out.optimizer, "optimizer.safetensors", "exp_avg." + p.name, opt.m().data<float>() + p.offset);
-    add(out.optimizer, "optimizer.safetensors", "exp_avg_sq." + p.name, opt.v().data<float>() + p.offset);
+    add(out.optimizer, "optimizer.safetensors", "exp_avg." + p.name, moments.m + p.offset);
+    add(out.optimizer, "optimizer.safetensors", "exp_avg_sq." + p.name, moments.v + p.offset);
   }
   return out;
 }
@@ -228,10 +228,17 @@ void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& par
     if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.at("checksum").get<std::string>())
       throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
                     "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
-    float* dst = is_model                                 ? params.master().data<float>()
-                 : key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>()
-                                                    : adam->m().data<float>();
-    std::memcpy(dst + spec.offset, e.data, e.nbytes);
+    if (is_model) {
+      std::memcpy(params.master().data<float>() + spec.offset, e.data, e.nbytes);
+      continue;
+    }
+    // Moments: only the part inside this rank's optimizer shard (all of it without ZeRO).
+    float* shard = key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>() : adam->m().data<float>();
+    const int64_t a = std::max(spec.offset, adam->shard_begin());
+    const int64_t b = std::min(spec.offset + spec.numel(), adam->shard_end());
+    if (a < b)
+      std::memcpy(shard + (a - adam->shard_begin()), static_cast<const float*>(e.data) + (a - spec.offset),
+                  static_cast<size_t>(b - a) * sizeof(float));
   }
   if (model_tensors != params.table().params().size())
     throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(model_tensors) +
@@ -289,7 +296,11 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
       if (!la.empty() && la[0] == '[') section = la.substr(1, la.size() - 2) + ".";
       if (la == lb) continue;
       std::string key = section + la.substr(0, la.find(' '));
-      if (section == "model." || section == "parallel.")
+      // Data parallelism and ZeRO-1 save whole tensors (rank 0's replica, moments gathered from the
+      // shards), so dp, zero and the bucket size may change on resume; a different model or a sharded
+      // layout (tp, pp, ...) may not.
+      const bool free_layout_key = key == "parallel.dp" || key == "parallel.zero" || key == "parallel.bucket_kb";
+      if (section == "model." || (section == "parallel." && !free_layout_key))
         throw ConfigError("checkpoint '" + dir.string() + "' was made with " + key + " = " + la.substr(la.find('=') + 2) +
                           ", this run has " + lb.substr(lb.find('=') + 2) + "; resume with the checkpoint's model and layout");
       // Keys that shape the trajectory; where logs go or how often they print does not matter.

@@ -29,10 +29,20 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   params_ = std::make_unique<model::ParameterStore>(spec::build_param_table(cfg_.model.resolved), cfg_.precision, alloc);
   params_->initialize(cfg_.train.seed);
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_);
+  // ZeRO-1: dp rank r owns arena elements [r*chunk, (r+1)*chunk), the last rank also the remainder.
+  const int64_t total = params_->table().total_numel();
+  int64_t lo = 0, hi = total;
+  if (dp_ && cfg_.parallel.zero >= 1) {
+    const int64_t chunk = total / dp_size_;
+    for (int r = 0; r < dp_size_; ++r)
+      shard_counts_.push_back(static_cast<size_t>(r == dp_size_ - 1 ? total - r * chunk : chunk));
+    lo = dp_rank_ * chunk;
+    hi = lo + static_cast<int64_t>(shard_counts_[dp_rank_]);
+  }
   optimizer_ = std::make_unique<AdamW>(
-      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc);
+      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc, lo, hi);
   ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
-  if (dp_) {
+  if (dp_ && shard_counts_.empty()) {
     buckets_ = std::make_unique<parallel::GradBuckets>(params_->table(), params_->grads().data<float>(), *dp_,
                                                        static_cast<size_t>(cfg_.parallel.bucket_kb) << 10);
     block_starts_ = params_->table().block_starts(cfg_.model.resolved.n_layers);
@@ -61,7 +71,7 @@ StepMetrics Trainer::train_step(int64_t step) {
       throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
                          std::to_string(m) + "; lower train.lr or check the data");
     loss_sum += loss;
-    if (dp_ && m == n_micro - 1) {
+    if (buckets_ && m == n_micro - 1) {
       // Last micro-batch: each bucket is all-reduced as soon as backward has made it final. Gradients
       // were scaled by the global sample count, so the sum over replicas is the batch gradient.
       buckets_->begin();
@@ -70,17 +80,25 @@ StepMetrics Trainer::train_step(int64_t step) {
       model_->backward(ctx_);
     }
   }
-  if (dp_) {
+  double norm = 0;
+  if (buckets_) {
     profile::Span span(tracer, "dp_all_reduce_wait", profile::Category::Communication, 0,
                        static_cast<double>(params_->grads().numel()) * 4);
     buckets_->finish();
-    loss_sum = dp_sum(loss_sum);
+  } else if (dp_) {
+    reduce_scatter_gradients();
   }
-  const double norm = global_grad_norm(*params_);
+  if (dp_) loss_sum = dp_sum(loss_sum);
+  if (optimizer_->sharded()) {  // each rank holds the summed gradient of its shard only
+    norm = std::sqrt(dp_sum(grad_sum_squares(*params_, optimizer_->shard_begin(), optimizer_->shard_end())));
+  } else {
+    norm = global_grad_norm(*params_);
+  }
   if (!std::isfinite(norm)) check_finite_gradients(step);
   const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
   const double lr = schedule_.at(step);
   optimizer_->step(lr, clip, tracer);
+  if (optimizer_->sharded()) all_gather_parameters();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   StepMetrics s;
@@ -131,7 +149,10 @@ void Trainer::check_replicas(int64_t step) {
     w[0] = std::nextafter(w[0], 1e30f);
   }
   auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.data<float>(), t.numel() * sizeof(float)) : 0; };
-  const uint64_t mine[3] = {hash_of(params_->master()), hash_of(optimizer_->m()), hash_of(optimizer_->v())};
+  // Under ZeRO-1 the moments are shards, different by design: only the weights must agree.
+  const bool moments = !optimizer_->sharded();
+  const uint64_t mine[3] = {hash_of(params_->master()), moments ? hash_of(optimizer_->m()) : 0,
+                            moments ? hash_of(optimizer_->v()) : 0};
   std::vector<uint64_t> all(3 * static_cast<size_t>(dp_size_));
   dp_->all_gather(mine, all.data(), 3, DType::I64).wait();
   const char* what[3] = {"weights", "AdamW first moments", "AdamW second moments"};
@@ -142,6 +163,50 @@ void Trainer::check_replicas(int64_t step) {
                            std::to_string(r) + "'s " + what[k] + " differ from dp rank 0's (hash " +
                            checksum_hex(all[3 * r + k]) + " vs " + checksum_hex(all[k]) +
                            "); the ranks no longer train the same model. Report this with the config");
+}
+
+// ZeRO-1: the sum of every rank's gradient lands only in the shard its owner updates.
+void Trainer::reduce_scatter_gradients() {
+  profile::Span span(backend_.tracer(), "zero_reduce_scatter", profile::Category::Communication, 0,
+                     static_cast<double>(params_->grads().numel()) * 4);
+  float* g = params_->grads().data<float>();
+  const size_t chunk = shard_counts_[0];
+  const size_t even = chunk * static_cast<size_t>(dp_size_);
+  if (chunk > 0) dp_->reduce_scatter(g, g + dp_rank_ * chunk, chunk, DType::F32, comm::ReduceOp::kSum).wait();
+  // The remainder after dp equal chunks (fewer than dp elements) belongs to the last rank.
+  const size_t tail = static_cast<size_t>(params_->table().total_numel()) - even;
+  if (tail > 0) dp_->all_reduce(g + even, g + even, tail, DType::F32, comm::ReduceOp::kSum).wait();
+}
+
+// ZeRO-1: every rank updated its shard of the weights; all of them need all of it for the next step.
+void Trainer::all_gather_parameters() {
+  profile::Span span(backend_.tracer(), "zero_all_gather", profile::Category::Communication, 0,
+                     static_cast<double>(params_->master().numel()) * 4);
+  float* w = params_->master().data<float>();
+  dp_->all_gather_v(w + optimizer_->shard_begin(), w, shard_counts_, DType::F32).wait();
+  params_->refresh_lowp();
+}
+
+Trainer::Moments Trainer::full_moments() const {
+  if (!optimizer_->sharded()) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
+  if (!gathered_m_.numel())
+    throw Error("internal: a ZeRO-1 checkpoint needs gather_optimizer_state() on every rank first");
+  return {gathered_m_.data<float>(), gathered_v_.data<float>()};
+}
+
+void Trainer::gather_optimizer_state() {
+  if (!optimizer_->sharded()) return;
+  Allocator& alloc = backend_.allocator();
+  const int64_t total = params_->table().total_numel();
+  gathered_m_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
+  gathered_v_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
+  dp_->all_gather_v(optimizer_->m().data<float>(), gathered_m_.data<float>(), shard_counts_, DType::F32).wait();
+  dp_->all_gather_v(optimizer_->v().data<float>(), gathered_v_.data<float>(), shard_counts_, DType::F32).wait();
+}
+
+void Trainer::release_optimizer_state() {
+  gathered_m_ = Tensor();
+  gathered_v_ = Tensor();
 }
 
 double Trainer::dp_sum(double v) const {

@@ -46,6 +46,17 @@ class Trainer {
   // dp group and throws NumericError naming the first rank that differs from dp rank 0 (replicas
   // must stay bitwise identical). Collective over the dp group; a no-op alone.
   void check_replicas(int64_t step);
+
+  // Optimizer moments of the whole arena, as a checkpoint stores them. Under ZeRO-1 each rank holds one
+  // shard: gather_optimizer_state() (collective over the dp group: every rank calls it before rank 0
+  // saves) assembles the full moments, release_optimizer_state() frees them again.
+  struct Moments {
+    const float* m;
+    const float* v;
+  };
+  Moments full_moments() const;
+  void gather_optimizer_state();
+  void release_optimizer_state();
   // Runs steps start_step()+1 .. train.steps, calling on_step after each; stops early (after the
   // step) when on_step returns false.
   void run(const std::function<bool(const StepMetrics&)>& on_step);
@@ -63,6 +74,8 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
+  void reduce_scatter_gradients();
+  void all_gather_parameters();
   // Sums a value over the dp group (identity alone).
   double dp_sum(double v) const;
 
@@ -70,7 +83,9 @@ class Trainer {
   kernels::Backend& backend_;
   comm::ProcessGroup* dp_;
   int dp_size_ = 1, dp_rank_ = 0;
-  std::unique_ptr<parallel::GradBuckets> buckets_;  // data parallelism only
+  std::unique_ptr<parallel::GradBuckets> buckets_;  // data parallelism without ZeRO
+  std::vector<size_t> shard_counts_;                // ZeRO-1: arena elements per dp rank's shard
+  Tensor gathered_m_, gathered_v_;                  // ZeRO-1: full moments while a checkpoint is saved
   std::vector<int64_t> block_starts_;               // gradient-readiness boundaries (ParamTable::block_starts)
   double peak_flops_;
   double flops_per_token_;
