@@ -182,6 +182,37 @@ TEST(DataParallelCli, CheckReplicasPassesOnHealthyRanksAndNamesOneThatDrifted) {
   EXPECT_THAT(bad.err, HasSubstr("step 2: data-parallel replicas drifted: dp rank 2's weights differ from dp rank 0's"));
 }
 
+TEST(VerifyCli, EveryLayoutAgreesWithTheFirstOnGpt2AndLlama) {
+  for (const char* preset : {"tiny", "tiny-llama"}) {
+    auto r = run_loom(std::string("verify --config " LOOM_SOURCE_DIR "/configs/tiny.toml --steps 10 --set model.preset=") +
+                      preset + " --set train.batch_size=24 --set train.micro_batch_size=2 "
+                      "--layouts \"dp=1;dp=2;dp=4;dp=2,zero=1;dp=3,zero=1;dp=4,zero=1\"");
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
+    size_t passes = 0;
+    for (size_t at = r.out.find("PASS"); at != std::string::npos; at = r.out.find("PASS", at + 1)) ++passes;
+    EXPECT_EQ(passes, 5u) << r.out;
+  }
+}
+
+TEST(VerifyCli, ADifferenceBeyondTheToleranceFailsAndBadLayoutsAreRefused) {
+  // dp=2 sums gradients in another order: ~1e-9 apart, which a 1e-15 tolerance must catch.
+  auto r = run_loom("verify --config " LOOM_SOURCE_DIR "/configs/tiny.toml --steps 3 --tolerance 1e-15 "
+                    "--layouts \"dp=1;dp=2\"");
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAIL"));
+  EXPECT_THAT(r.out, HasSubstr("layouts DISAGREE"));
+  r = run_loom("verify --config " LOOM_SOURCE_DIR "/configs/tiny.toml --layouts \"dp=1;dq=2\"");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("'dq=2'"));
+  r = run_loom("verify --config " LOOM_SOURCE_DIR "/configs/tiny.toml --layouts dp=1");
+  EXPECT_THAT(r.err, HasSubstr("at least two layouts"));
+  r = run_loom("verify --config " LOOM_SOURCE_DIR "/configs/tiny.toml --layouts \"dp=1;dp=3\"");  // batch 8
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("layout 'dp=3': train.batch_size = 8 must be divisible by parallel.dp"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("reference"))) << "no job may start";
+}
+
 TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   auto r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.dp=2");
   EXPECT_NE(r.rc, 0);

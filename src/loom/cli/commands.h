@@ -19,6 +19,7 @@ void register_prepare(CLI::App& app, Action& action);
 void register_calibrate(CLI::App& app, Action& action);
 void register_run(CLI::App& app, Action& action);         // the launcher
 void register_bench(CLI::App& app, Action& action);       // bench comm
+void register_verify(CLI::App& app, Action& action);      // layout invariance
 
 // Threads per rank: LOOM_THREADS, else `configured` if > 0, else every core.
 int resolve_threads(int configured);

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   loom::cli::register_calibrate(app, action);
   loom::cli::register_run(app, action);
   loom::cli::register_bench(app, action);
+  loom::cli::register_verify(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,179 @@
+// `loom verify`: layout invariance, checked. Trains the same config (seed, data) under each parallel
+// layout for K steps, each as its own job (`loom run -n <ranks> -- loom train ...`), and compares every
+// step's loss with the first layout's. A layout that changes the numbers beyond rounding is a bug.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/cli/commands.h"
+#include "loom/error.h"
+#include "loom/train/run_config.h"
+
+namespace loom::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct VerifyArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string layouts = "dp=1;dp=2";
+  int64_t steps = 10;
+  double tolerance = 0;  // 0: by precision (fp32 1e-5, bf16 1e-2)
+  bool keep = false;
+};
+
+struct Layout {
+  std::string text;                // as the user wrote it
+  std::vector<std::string> sets;   // parallel.<key>=<value>
+  int ranks = 1;
+};
+
+// "dp=4,zero=1" -> {parallel.dp=4, parallel.zero=1}; ranks = dp * tp * pp * cp.
+std::vector<Layout> parse_layouts(const std::string& spec) {
+  std::vector<Layout> out;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    const size_t end = std::min(spec.find(';', start), spec.size());
+    std::string item = spec.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    Layout l{item, {}, 1};
+    size_t s = 0;
+    while (s <= item.size()) {
+      const size_t e = std::min(item.find(',', s), item.size());
+      const std::string kv = item.substr(s, e - s);
+      s = e + 1;
+      if (kv.empty()) continue;
+      const auto eq = kv.find('=');
+      const std::string key = kv.substr(0, eq);
+      const std::string value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+      static const std::vector<std::string> known = {"dp", "tp", "pp", "cp", "ep", "zero", "bucket_kb"};
+      if (eq == std::string::npos || std::find(known.begin(), known.end(), key) == known.end())
+        throw ConfigError(fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, ep, zero, "
+                                      "bucket_kb (e.g. --layouts \"dp=1;dp=2;dp=4,zero=1\")",
+                                      kv, item));
+      char* endp = nullptr;
+      const long v = std::strtol(value.c_str(), &endp, 10);
+      if (value.empty() || *endp != '\0' || v < 0 || v > 65536)
+        throw ConfigError(fmt::format("--layouts: {} = '{}' in '{}' is not a non-negative integer", key, value, item));
+      if (key == "dp" || key == "tp" || key == "pp" || key == "cp") l.ranks *= std::max<long>(v, 1);
+      l.sets.push_back("parallel." + key + "=" + value);
+    }
+    out.push_back(std::move(l));
+  }
+  if (out.size() < 2) throw ConfigError("--layouts needs at least two layouts separated by ';' (e.g. \"dp=1;dp=2\")");
+  return out;
+}
+
+std::string self_binary() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("loom") : p.string();
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::vector<double> read_losses(const fs::path& metrics) {
+  std::vector<double> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+int verify(const VerifyArgs& a) {
+  const auto layouts = parse_layouts(a.layouts);
+  if (a.steps < 1) throw ConfigError("--steps must be at least 1");
+  // The config must load before any job starts: a typo fails here, once.
+  train::RunConfig cfg = a.config.empty() ? train::parse_run_config("", "<defaults>", a.sets)
+                                          : train::load_run_config(a.config, a.sets);
+  // Every layout must be valid before the first job starts (batch divisibility, supported degrees).
+  for (const auto& l : layouts) {
+    auto sets = a.sets;
+    sets.insert(sets.end(), l.sets.begin(), l.sets.end());
+    try {
+      train::RunConfig c = a.config.empty() ? train::parse_run_config("", "<defaults>", sets)
+                                            : train::load_run_config(a.config, sets);
+      c.validate();
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("layout '{}': {}", l.text, e.what()));
+    }
+  }
+  const double tol = a.tolerance > 0 ? a.tolerance : cfg.precision == model::Precision::BF16 ? 1e-2 : 1e-5;
+  const fs::path work = fs::temp_directory_path() / fmt::format("loom-verify-{}", ::getpid());
+  fs::remove_all(work);
+  fs::create_directories(work);
+  const std::string loom = self_binary();
+
+  fmt::print("loom verify: {} layouts x {} steps, {} {}, tolerance {:g} (relative loss difference vs the first)\n",
+             layouts.size(), a.steps, cfg.model.preset, model::precision_name(cfg.precision), tol);
+  fmt::print("{:<24} {:>6} {:>12} {:>14} {:>8}  {}\n", "layout", "ranks", "final loss", "max rel diff", "worst at", "");
+  std::vector<double> base;
+  bool all_pass = true;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const Layout& l = layouts[i];
+    const fs::path out = work / std::to_string(i);
+    std::string cmd = shell_quote(loom) + " run -n " + std::to_string(l.ranks) + " -- " + shell_quote(loom) + " train";
+    if (!a.config.empty()) cmd += " --config " + shell_quote(a.config);
+    for (const auto& s : a.sets) cmd += " --set " + shell_quote(s);
+    for (const auto& s : l.sets) cmd += " --set " + shell_quote(s);
+    cmd += fmt::format(" --set train.steps={} --set checkpoint.save_every=0 --set train.out_dir={} --save-dir {} --quiet",
+                       a.steps, shell_quote(out.string()), shell_quote((out / "ck").string()));
+    cmd += " > " + shell_quote((work / (std::to_string(i) + ".log")).string()) + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    const auto losses = read_losses(out / "metrics.jsonl");
+    if (status != 0 || losses.size() != static_cast<size_t>(a.steps)) {
+      std::ifstream log(work / (std::to_string(i) + ".log"));
+      std::string text((std::istreambuf_iterator<char>(log)), {});
+      fmt::print("{:<24} {:>6} {:>12} {:>14} {:>8}  FAIL (the run did not complete)\n{}", l.text, l.ranks, "-", "-", "-",
+                 text);
+      all_pass = false;
+      if (i == 0) break;  // nothing to compare against
+      continue;
+    }
+    if (i == 0) base = losses;
+    double worst = 0;
+    size_t worst_step = 0;
+    for (size_t s = 0; s < losses.size(); ++s) {
+      const double d = std::abs(losses[s] - base[s]) / std::max(std::abs(base[s]), 1e-12);
+      if (d > worst || std::isnan(d)) worst = d, worst_step = s + 1;
+    }
+    const bool pass = worst <= tol;
+    all_pass = all_pass && pass;
+    fmt::print("{:<24} {:>6} {:>12.6f} {:>14.3e} {:>8}  {}\n", l.text, l.ranks, losses.back(), worst,
+               i == 0 ? std::string("-") : fmt::format("step {}", worst_step), i == 0 ? "(reference)" : pass ? "PASS" : "FAIL");
+  }
+  if (!a.keep) fs::remove_all(work);
+  else fmt::print("runs kept in {}\n", work.string());
+  fmt::print("{}\n", all_pass ? "all layouts agree" : "layouts DISAGREE (or failed to run)");
+  return all_pass ? 0 : 1;
+}
+
+}  // namespace
+
+void register_verify(CLI::App& app, Action& action) {
+  auto a = std::make_shared<VerifyArgs>();
+  auto* cmd = app.add_subcommand("verify", "Check that parallel layouts reproduce the same loss curve");
+  cmd->add_option("-c,--config", a->config, "TOML config (as for loom train)")->check(CLI::ExistingFile);
+  cmd->add_option("--set", a->sets, "key=value overrides (as for loom train)");
+  cmd->add_option("--layouts", a->layouts, "layouts separated by ';', keys by ',' (default \"dp=1;dp=2\"), "
+                                           "e.g. \"dp=1;dp=2;dp=4,zero=1\"; the first is the reference");
+  cmd->add_option("--steps", a->steps, "steps per layout (default 10: past warm-up)");
+  cmd->add_option("--tolerance", a->tolerance, "largest relative loss difference allowed (default fp32 1e-5, bf16 1e-2)");
+  cmd->add_flag("--keep", a->keep, "keep each run's folder (metrics, log) for inspection");
+  cmd->callback([&action, a] { action = [a] { return verify(*a); }; });
+}
+
+}  // namespace loom::cli
