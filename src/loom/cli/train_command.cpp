@@ -193,6 +193,27 @@ int run_train(const TrainOptions& o) {
   say(fmt::format("done: loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
                   last_loss, last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
                   alloc.total().peak / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
+  if (world) {
+    // Every rank's memory, by category: at rest (live after the last step) and at peak. Rank 0 prints.
+    std::vector<uint64_t> mine;
+    for (int c = 0; c < kMemCategoryCount; ++c) {
+      mine.push_back(alloc.stats(static_cast<MemCategory>(c)).live);
+      mine.push_back(alloc.stats(static_cast<MemCategory>(c)).peak);
+    }
+    std::vector<uint64_t> all(mine.size() * static_cast<size_t>(world->size()));
+    world->group().all_gather(mine.data(), all.data(), mine.size(), DType::I64).wait();
+    std::string table = "memory per rank, MiB at rest / peak:\n  rank";
+    for (int c = 0; c < kMemCategoryCount; ++c)
+      table += fmt::format(" {:>17}", mem_category_name(static_cast<MemCategory>(c)));
+    for (int r = 0; r < world->size(); ++r) {
+      table += fmt::format("\n  {:>4}", r);
+      for (int c = 0; c < kMemCategoryCount; ++c) {
+        const uint64_t* v = all.data() + r * mine.size() + 2 * c;
+        table += fmt::format(" {:>8.1f} / {:>6.1f}", v[0] / 1048576.0, v[1] / 1048576.0);
+      }
+    }
+    say(table);
+  }
   if (med_mfu > 1.0)
     say(fmt::format("note: MFU above 100% means the device peak ({}) is too low -- it was probably measured on a busy "
                     "machine; run `loom info --remeasure` on an idle one", peak.source));
