@@ -21,7 +21,8 @@ void register_run(CLI::App& app, Action& action);         // the launcher
 void register_bench(CLI::App& app, Action& action);       // bench comm
 void register_verify(CLI::App& app, Action& action);      // layout invariance
 
-// Threads per rank: LOOM_THREADS, else `configured` if > 0, else every core.
-int resolve_threads(int configured);
+// Threads per rank: LOOM_THREADS, else `configured` if > 0, else the node's cores divided among the
+// `ranks_on_node` ranks of the job.
+int resolve_threads(int configured, int ranks_on_node = 1);
 
 }  // namespace loom::cli

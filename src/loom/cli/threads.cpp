@@ -1,5 +1,6 @@
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -8,7 +9,7 @@
 
 namespace loom::cli {
 
-int resolve_threads(int configured) {
+int resolve_threads(int configured, int ranks_on_node) {
   if (const char* env = std::getenv("LOOM_THREADS")) {
     char* end = nullptr;
     long v = std::strtol(env, &end, 10);
@@ -16,7 +17,10 @@ int resolve_threads(int configured) {
       throw ConfigError("LOOM_THREADS = '" + std::string(env) + "' is not a positive integer");
     return static_cast<int>(v);
   }
-  return configured > 0 ? configured : omp_get_num_procs();
+  if (configured > 0) return configured;
+  // Ranks sharing a node share its cores (`loom run` says so with LOOM_THREADS; mpirun does not):
+  // every rank taking every core would oversubscribe them and spin-waiting threads would thrash.
+  return std::max(1, omp_get_num_procs() / std::max(1, ranks_on_node));
 }
 
 }  // namespace loom::cli

@@ -75,7 +75,7 @@ int run_train(const TrainOptions& o) {
   }
   const bool lead = job.rank == 0;
   const bool quiet = o.quiet || !lead;
-  const int threads = resolve_threads(cfg.train.threads);
+  const int threads = resolve_threads(cfg.train.threads, job.local_world_size);
   const bool tty = isatty(STDERR_FILENO);
   auto say = [&](const std::string& line) {
     if (!quiet) fmt::print(stderr, "{}\n", line);

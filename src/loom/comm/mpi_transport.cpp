@@ -1,5 +1,7 @@
 #include "loom/comm/mpi_transport.h"
 
+#include "loom/comm/doorbell.h"
+
 #include <fmt/format.h>
 #include <sched.h>
 #include <time.h>
@@ -104,13 +106,21 @@ void MpiTransport::wait(MPI_Request* reqs, int n, const char* what, int peer) {
         if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
       throw PeerTimeout{peer >= 0 ? std::vector<int>{peer} : std::vector<int>{}, what, this};
     }
-    if (++spins < 200) {
-      sched_yield();
-    } else {
-      timespec ts{0, 20'000};
-      nanosleep(&ts, nullptr);
-    }
+    backoff(spins);
   }
+}
+
+// Spins ~20 us (a peer a step behind arrives within that), then naps 20 us at a time: sched_yield
+// stalled for milliseconds on this VM, and a spinner would starve oversubscribed ranks.
+void MpiTransport::backoff(int& spins) {
+  if (spins == 0) spin_until_ = Clock::now() + std::chrono::microseconds(20);
+  ++spins;
+  if (Clock::now() < spin_until_) {
+    for (int i = 0; i < 32; ++i) detail::cpu_relax();
+    return;
+  }
+  timespec ts{0, 20'000};
+  nanosleep(&ts, nullptr);
 }
 
 std::vector<std::span<const std::byte>> MpiTransport::exchange(std::span<const std::byte> mine) {
@@ -150,12 +160,7 @@ void MpiTransport::recv(int peer, uint64_t tag, std::span<std::byte> data) {
     check(MPI_Iprobe(peer, user_tag(tag), comm_, &flag, &st), "MPI_Iprobe");
     if (flag) break;
     if (Clock::now() > deadline_) throw PeerTimeout{{peer}, "a message from the peer", this};
-    if (++spins < 200) {
-      sched_yield();
-    } else {
-      timespec ts{0, 20'000};
-      nanosleep(&ts, nullptr);
-    }
+    backoff(spins);
   }
   int count = 0;
   MPI_Get_count(&st, MPI_BYTE, &count);

@@ -53,6 +53,8 @@ class MpiTransport final : public Transport {
   std::vector<std::byte> records_;
   std::vector<int> record_sizes_;
   int tag_ub_ = 32767;
+  void backoff(int& spins);
+  Clock::time_point spin_until_{};
   std::atomic<uint64_t> bytes_sent_{0};  // read by stats() on another thread
 };
 
