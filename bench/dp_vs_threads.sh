@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data parallelism on one machine (issue 5's target): `mini`, dp=2 ranks of 1 thread against one rank of
-# 2 threads, with gradient buckets overlapped with backward and with one all-reduce after backward.
+# 2 threads, with gradient buckets overlapped with backward, with one all-reduce after backward, and ZeRO-1.
 # Alternates the three runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N).
 #   bash bench/dp_vs_threads.sh [rounds] [steps] [build-dir]
 set -euo pipefail
@@ -15,11 +15,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 declare -A results
 for ((r = 1; r <= rounds; r++)); do
-  for run in "dp1 1 4096" "dp2-buckets 2 4096" "dp2-after-backward 2 0"; do
+  for run in "dp1 1 4096 0" "dp2-buckets 2 4096 0" "dp2-after-backward 2 0 0" "dp2-zero1 2 4096 1"; do
     set -- $run
     rm -rf "$tmp/ck"
     tps=$("$loom" run -n "$2" -- "$loom" train --config configs/mini.toml --set parallel.dp="$2" \
-      --set parallel.bucket_kb="$3" --set train.steps="$steps" --set train.eval_every=0 \
+      --set parallel.bucket_kb="$3" --set parallel.zero="$4" --set train.steps="$steps" --set train.eval_every=0 \
       --set train.out_dir="$tmp/out" --save-dir "$tmp/ck" --quiet --json | tail -1 |
       python3 -c 'import json,sys; print(round(json.load(sys.stdin)["tokens_per_s"]))')
     results[$1]+="$tps "
@@ -28,7 +28,7 @@ done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 base=$(echo "${results[dp1]}" | median)
 printf "%-22s %10s %8s   (runs: tokens/s)\n" run "median" "vs dp1"
-for k in dp1 dp2-buckets dp2-after-backward; do
+for k in dp1 dp2-buckets dp2-after-backward dp2-zero1; do
   m=$(echo "${results[$k]}" | median)
   printf "%-22s %10s %7.2fx   (%s)\n" "$k" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" "${results[$k]}"
 done

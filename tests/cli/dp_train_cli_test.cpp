@@ -94,6 +94,15 @@ TEST_P(DataParallel, ReproducesTheSingleRankLossCurveAndFinalWeights) {
   auto one_b6 = train_dp(std::string("dp1b6-") + l.name, 1, sets + " --set train.batch_size=6", "--save-every 12");
   const auto base = losses(one / "out");
   ASSERT_EQ(base.size(), 12u);
+  {  // a dp run reports its communication: exposed wait and CPU, per step
+    std::ifstream f(two / "out" / "metrics.jsonl");
+    std::string line;
+    std::getline(f, line);
+    auto j = nlohmann::json::parse(line);
+    EXPECT_GE(j.at("exposed_comm_s").get<double>(), 0.0);
+    EXPECT_GT(j.at("comm_cpu_s").get<double>(), 0.0);
+    EXPECT_LT(j.at("exposed_comm_s").get<double>(), j.at("step_s").get<double>());
+  }
   EXPECT_LT(max_rel_diff(base, losses(two / "out")), l.tolerance);
   EXPECT_LT(max_rel_diff(base, losses(four / "out")), l.tolerance);
   EXPECT_LT(max_rel_diff(base, losses(two_z1 / "out")), l.tolerance);

@@ -133,7 +133,7 @@ int run_train(const TrainOptions& o) {
   train::install_preemption_handlers();
   int64_t last_saved = trainer.start_step();
 
-  std::vector<double> tps, mfus;
+  std::vector<double> tps, mfus, exposed, comm_cpu, step_s;
   std::optional<double> last_val;
   double last_loss = 0;
   // The first steps pay for primitive creation and page faults; exclude them from the summary.
@@ -166,7 +166,10 @@ int run_train(const TrainOptions& o) {
     if (preempted) return false;
     last_loss = s.loss;
     if (s.val_loss) last_val = s.val_loss;
-    if (s.step > warmup) tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
+    if (s.step > warmup) {
+      tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
+      exposed.push_back(s.exposed_comm_seconds), comm_cpu.push_back(s.comm_cpu_seconds), step_s.push_back(s.step_seconds);
+    }
     if (s.step == warmup) tracer.reset_stats();
     if (quiet || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
     double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step - trainer.start_step()));
@@ -193,6 +196,10 @@ int run_train(const TrainOptions& o) {
   say(fmt::format("done: loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
                   last_loss, last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
                   alloc.total().peak / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
+  if (world && !step_s.empty())
+    say(fmt::format("data-parallel communication per step (median): exposed {:.1f} ms ({:.1f}% of the step), "
+                    "communication CPU {:.1f} ms",
+                    1e3 * median(exposed), 100 * median(exposed) / median(step_s), 1e3 * median(comm_cpu)));
   if (world) {
     // Every rank's memory, by category: at rest (live after the last step) and at peak. Rank 0 prints.
     std::vector<uint64_t> mine;

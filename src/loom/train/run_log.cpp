@@ -61,6 +61,10 @@ void MetricsLog::write(const StepMetrics& s) {
                    {"mfu", s.mfu},             {"tokens", s.tokens},
                    {"elapsed_s", s.elapsed_seconds}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
+  if (s.exposed_comm_seconds > 0 || s.comm_cpu_seconds > 0) {
+    j["exposed_comm_s"] = s.exposed_comm_seconds;
+    j["comm_cpu_s"] = s.comm_cpu_seconds;
+  }
   std::string line = j.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), file_.get());
   std::fflush(file_.get());

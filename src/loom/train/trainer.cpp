@@ -64,6 +64,13 @@ StepMetrics Trainer::train_step(int64_t step) {
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
   params_->zero_grads();
   double loss_sum = 0;
+  double exposed = 0;  // seconds this thread waited on dp collectives
+  const double comm_cpu0 = dp_ ? dp_->stats().comm_cpu_seconds : 0;
+  auto timed = [&exposed](auto&& f) {
+    const auto w0 = std::chrono::steady_clock::now();
+    f();
+    exposed += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  };
   for (int64_t m = 0; m < n_micro; ++m) {
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
     double loss = model_->forward(ctx_, tokens_, targets_, grad_scale);
@@ -84,9 +91,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   if (buckets_) {
     profile::Span span(tracer, "dp_all_reduce_wait", profile::Category::Communication, 0,
                        static_cast<double>(params_->grads().numel()) * 4);
-    buckets_->finish();
+    timed([&] { buckets_->finish(); });
   } else if (dp_) {
-    reduce_scatter_gradients();
+    timed([&] { reduce_scatter_gradients(); });
   }
   if (dp_) loss_sum = dp_sum(loss_sum);
   if (optimizer_->sharded()) {  // each rank holds the summed gradient of its shard only
@@ -98,7 +105,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
   const double lr = schedule_.at(step);
   optimizer_->step(lr, clip, tracer);
-  if (optimizer_->sharded()) all_gather_parameters();
+  if (optimizer_->sharded()) timed([&] { all_gather_parameters(); });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   StepMetrics s;
@@ -114,6 +121,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.tokens = tokens_seen_;
   s.elapsed_seconds = elapsed_;
   s.tokens_per_s = static_cast<double>(step_tokens) / seconds;
+  s.exposed_comm_seconds = exposed;
+  s.comm_cpu_seconds = dp_ ? dp_->stats().comm_cpu_seconds - comm_cpu0 : 0;
   s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * dp_size_) : 0.0;
   return s;
 }

@@ -28,6 +28,11 @@ struct StepMetrics {
   double mfu = 0;  // model FLOPs / s over the device peak; 0 when the peak is unknown
   double elapsed_seconds = 0;
   int64_t tokens = 0;  // tokens processed so far
+  // Data parallelism: wall time this rank's training thread spent waiting for gradient / parameter
+  // collectives (communication no computation overlapped), and CPU time the dp group's communication
+  // used (overlapped or not: on a CPU it takes cycles from compute either way). 0 on one rank.
+  double exposed_comm_seconds = 0;
+  double comm_cpu_seconds = 0;
 };
 
 class Trainer {
