@@ -178,6 +178,35 @@ TEST(DataParallelCli, ZeroOneKeepsOneShardOfTheOptimizerStatePerRank) {
   for (int dp : {2, 3, 4}) EXPECT_LE(optimizer_peak(dp, 1), one / dp * 1.05) << "dp=" << dp;
 }
 
+// One Chrome trace for the job: each rank a process, on one clock (the ranks' steps run in lockstep,
+// so step k of rank 0 and step k of rank 1 must overlap in the merged timeline).
+TEST(DataParallelCli, TraceMergesEveryRankOnOneClock) {
+  auto dir = scratch_dir("dp-trace");
+  auto r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet "
+                    "--set parallel.dp=2 --set train.steps=4 --set train.eval_every=0 --set train.out_dir=" +
+                    (dir / "out").string() + " --save-dir " + (dir / "ck").string() + " --trace " +
+                    (dir / "trace.json").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::ifstream f(dir / "trace.json");
+  auto j = nlohmann::json::parse(f);
+  std::vector<std::pair<double, double>> steps[2];
+  int comm_spans = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const int pid = e["pid"].get<int>();
+    ASSERT_TRUE(pid == 0 || pid == 1) << e.dump();
+    if (e["name"] == "step") steps[pid].emplace_back(e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>());
+    comm_spans += e["cat"] == "comm";
+  }
+  ASSERT_EQ(steps[0].size(), 4u);
+  ASSERT_EQ(steps[1].size(), 4u);
+  EXPECT_GT(comm_spans, 0);
+  for (size_t k = 0; k < 4; ++k)
+    EXPECT_TRUE(steps[0][k].first < steps[1][k].second && steps[1][k].first < steps[0][k].second)
+        << "step " << k + 1 << " of rank 0 [" << steps[0][k].first << ", " << steps[0][k].second << "] and rank 1 ["
+        << steps[1][k].first << ", " << steps[1][k].second << "] do not overlap";
+}
+
 TEST(DataParallelCli, CheckReplicasPassesOnHealthyRanksAndNamesOneThatDrifted) {
   auto dir = scratch_dir("dp-replicas");
   const std::string args = "run -n 3 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet "

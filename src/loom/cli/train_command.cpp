@@ -15,6 +15,7 @@
 #include "loom/error.h"
 #include "loom/comm/world.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/trace_merge.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/preemption.h"
 #include "loom/train/run_log.h"
@@ -83,7 +84,8 @@ int run_train(const TrainOptions& o) {
 
   profile::Tracer tracer(!cfg.trace.file.empty() ? profile::Tracer::Mode::Full
                          : cfg.trace.summary    ? profile::Tracer::Mode::Summary
-                                                : profile::Tracer::Mode::Off);
+                                                : profile::Tracer::Mode::Off,
+                         job.rank);
   kernels::CpuBackend backend(alloc, &tracer, threads);
   train::RunIdentity id{LOOM_VERSION, LOOM_GIT_COMMIT, backend.describe(), threads, 0, ""};
   say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
@@ -225,7 +227,12 @@ int run_train(const TrainOptions& o) {
     say(fmt::format("note: MFU above 100% means the device peak ({}) is too low -- it was probably measured on a busy "
                     "machine; run `loom info --remeasure` on an idle one", peak.source));
   if (tracer.on() && !quiet && wall > 0) say(profile::format_breakdown(profile::breakdown(tracer, wall)));
-  if (!cfg.trace.file.empty() && lead) {
+  if (!cfg.trace.file.empty() && world) {
+    // One trace for the job: every rank a process, clocks aligned to rank 0's.
+    parallel::write_merged_trace(tracer, world->group(), cfg.trace.file);
+    say(fmt::format("trace of all {} ranks written to {} (open in https://ui.perfetto.dev)", world->size(),
+                    cfg.trace.file));
+  } else if (!cfg.trace.file.empty()) {
     tracer.write_chrome_trace(cfg.trace.file);
     say("trace written to " + cfg.trace.file + " (open in https://ui.perfetto.dev)");
   }

@@ -60,26 +60,48 @@ size_t Tracer::event_count() const {
   return events_.size();
 }
 
-void Tracer::write_chrome_trace(const std::string& path) const {
+std::string Tracer::chrome_events_json(int64_t origin_ns, int64_t clock_offset_ns) const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "w"), &std::fclose);
-  if (!f) throw IoError("cannot write trace file '" + path + "': check the directory exists and is writable");
-  int64_t t0 = events_.empty() ? 0 : events_.front().start_ns;
-  for (auto& e : events_) t0 = std::min(t0, e.start_ns);
-  fmt::print(f.get(), "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"dropped_events\":{}}},\"traceEvents\":[\n", dropped_);
-  fmt::print(f.get(), "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {}\"}}}}", rank_,
-             rank_);
+  std::string out = fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {}\"}}}}",
+                                rank_, rank_);
   for (auto& e : events_) {
     // Steps, GEMMs and other kernels on separate tracks keeps nesting readable in Perfetto.
     int tid = e.category == Category::Step ? 0 : (e.category == Category::Communication ? 2 : 1);
-    fmt::print(f.get(),
-               ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{},"
-               "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}}}}}",
-               e.name, category_name(e.category), static_cast<double>(e.start_ns - t0) * 1e-3,
-               static_cast<double>(e.duration_ns) * 1e-3, e.rank, tid, e.flops, e.bytes);
+    out += fmt::format(
+        ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{},"
+        "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}}}}}",
+        e.name, category_name(e.category), static_cast<double>(e.start_ns - clock_offset_ns - origin_ns) * 1e-3,
+        static_cast<double>(e.duration_ns) * 1e-3, e.rank, tid, e.flops, e.bytes);
   }
+  return out;
+}
+
+std::optional<int64_t> Tracer::first_event_ns() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.empty()) return std::nullopt;
+  int64_t t0 = events_.front().start_ns;
+  for (auto& e : events_) t0 = std::min(t0, e.start_ns);
+  return t0;
+}
+
+int64_t Tracer::dropped_events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+void Tracer::write_chrome_trace_parts(const std::string& path, const std::vector<std::string>& parts, int64_t dropped) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "w"), &std::fclose);
+  if (!f) throw IoError("cannot write trace file '" + path + "': check the directory exists and is writable");
+  fmt::print(f.get(), "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"dropped_events\":{}}},\"traceEvents\":[\n", dropped);
+  // The first part starts with ",\n": an empty metadata record keeps the array well-formed.
+  fmt::print(f.get(), "{{\"name\":\"loom\",\"ph\":\"M\",\"pid\":0,\"args\":{{}}}}");
+  for (const auto& p : parts) std::fwrite(p.data(), 1, p.size(), f.get());
   fmt::print(f.get(), "\n]}}\n");
   if (std::ferror(f.get())) throw IoError("error writing trace file '" + path + "' (disk full?)");
+}
+
+void Tracer::write_chrome_trace(const std::string& path) const {
+  write_chrome_trace_parts(path, {chrome_events_json(first_event_ns().value_or(0), 0)}, dropped_events());
 }
 
 TimeBreakdown breakdown(const Tracer& tracer, double wall_seconds) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -51,6 +52,15 @@ class Tracer {
   // Chrome trace JSON ("traceEvents", complete events, microseconds): opens in Perfetto / chrome://tracing.
   // Throws loom::IoError when the file cannot be written.
   void write_chrome_trace(const std::string& path) const;
+  // This rank's part of a merged trace: its process-name record and events as Chrome trace JSON
+  // objects, each preceded by ",\n", with timestamps (now_ns clock) shifted by -clock_offset_ns onto
+  // the reference rank's clock and taken relative to origin_ns.
+  std::string chrome_events_json(int64_t origin_ns, int64_t clock_offset_ns) const;
+  // Earliest event start (now_ns clock), or nullopt without events.
+  std::optional<int64_t> first_event_ns() const;
+  int64_t dropped_events() const;
+  // Writes a Chrome trace file from the parts chrome_events_json produced (one per rank).
+  static void write_chrome_trace_parts(const std::string& path, const std::vector<std::string>& parts, int64_t dropped);
 
  private:
   static constexpr size_t kMaxEvents = 4'000'000;  // ~200 MB of JSON; later events are counted, not kept
