@@ -57,7 +57,9 @@ Launched loom_run(int ranks, const std::string& scenario, const std::string& env
 Launched mpi_run(int ranks, const std::string& scenario, const std::string& env_flags) {
   Launched l;
   l.job_id = unique_job_id(scenario);
-  l.result = run_shell("exec " + kMpirun + " -np " + std::to_string(ranks) + " -x LOOM_JOB_ID=" + l.job_id + " " +
+  // A watchdog well inside ctest's timeout: a hang reports which op and which ranks instead of a bare kill.
+  l.result = run_shell("exec " + kMpirun + " -np " + std::to_string(ranks) + " -x LOOM_COMM_TIMEOUT=120" +
+                       " -x LOOM_JOB_ID=" + l.job_id + " " +
                        env_flags + " " + kWorker + " " + scenario);
   return l;
 }

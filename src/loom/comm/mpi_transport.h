@@ -36,7 +36,11 @@ class MpiTransport final : public Transport {
   void arena_free(std::span<std::byte> block) override;
   std::optional<uint64_t> arena_offset(const void* p, size_t bytes) const override;
   bool maps_peers() const override { return false; }
-  bool reads_peers() const override { return win_ != MPI_WIN_NULL || size_ == 1; }
+  // read_peer works (MPI_Get), but the algorithms must not rely on it: without hardware RDMA,
+  // OpenMPI's passive-target MPI_Get progresses only while the target calls into MPI, and a target
+  // sleeping in a node-local shared-memory phase then deadlocks the job (seen in the hierarchical
+  // test). A forced direct algorithm therefore runs as the ring over MPI.
+  bool reads_peers() const override { return false; }
   const std::byte* map_peer(int, uint64_t, size_t) override { return nullptr; }
   void read_peer(int peer, uint64_t offset, std::span<std::byte> dst) override;
   uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
