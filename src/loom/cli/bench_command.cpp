@@ -324,7 +324,7 @@ class CommBench {
         const Shape s = shape_of(k, bytes, dtype_size(dtype_), n);
         if (s.count == 0) continue;
         Row row = measure(k, s);
-        if (pg_.rank() == 0) print(k, bytes, s, row);
+        if (pg_.rank() == 0) print(k, s, row);
         if (bytes > hi / a_.factor) break;
       }
     }
@@ -464,13 +464,11 @@ class CommBench {
     return times[times.size() / 2];
   }
 
-  void print(OpKind k, size_t bytes, const Shape& s, const Row& r) {
-    const size_t size = (k == OpKind::kReduceScatter ? s.in_elems : k == OpKind::kAllGather ? s.out_elems
-                                                                                              : s.in_elems) *
-                        dtype_size(dtype_);
+  void print(OpKind k, const Shape& s, const Row& r) {
+    // nccl-tests' size: the all_gather output, otherwise the input.
+    const size_t size = (k == OpKind::kAllGather ? s.out_elems : s.in_elems) * dtype_size(dtype_);
     auto busbw = [&](double t) { return t > 0 ? size / t * s.bus_factor * 1e-9 : 0.0; };
     auto opt = [](bool have, double v, const char* f) { return have ? fmt::format(fmt::runtime(f), v) : std::string("-"); };
-    (void)bytes;
     fmt::print("{:>15} {:>10} {:>11} {:>8} {:>10.1f} {:>9.2f} {:>9.2f} {:>7} {:>8.1f} {:>9} {:>6} {:>9} {:>6}\n",
                comm::op_name(k), size, s.count, r.algo, r.seconds * 1e6, size / r.seconds * 1e-9, busbw(r.seconds),
                r.wrong, r.cpu_seconds * 1e6, opt(r.ceiling_seconds > 0, busbw(r.ceiling_seconds), "{:.2f}"),

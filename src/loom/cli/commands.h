@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace loom::cli {
 
@@ -24,5 +25,9 @@ void register_verify(CLI::App& app, Action& action);      // layout invariance
 // Threads per rank: LOOM_THREADS, else `configured` if > 0, else the node's cores divided among the
 // `ranks_on_node` ranks of the job.
 int resolve_threads(int configured, int ranks_on_node = 1);
+
+// This binary's path (from /proc/self/exe), or "" if it cannot be read: commands that launch `loom`
+// again (run, verify) start the same build, whatever is on PATH.
+std::string self_executable();
 
 }  // namespace loom::cli

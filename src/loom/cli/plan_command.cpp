@@ -29,9 +29,8 @@ std::vector<std::string> hardware_dirs() {
   std::vector<std::string> dirs;
   if (const char* env = std::getenv("LOOM_HARDWARE_DIR")) dirs.emplace_back(env);
   dirs.emplace_back("configs/hardware");
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back((exe.parent_path().parent_path() / "configs/hardware").string());
+  if (const std::string exe = self_executable(); !exe.empty())
+    dirs.push_back((std::filesystem::path(exe).parent_path().parent_path() / "configs/hardware").string());
   return dirs;
 }
 

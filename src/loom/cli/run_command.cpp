@@ -62,9 +62,8 @@ bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0
 // `loom` as the command means this very binary, so `loom run -- loom train` works without loom on PATH.
 std::string resolve_program(const std::string& program) {
   if (program != "loom") return program;
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? program : self.string();
+  const std::string self = self_executable();
+  return self.empty() ? program : self;
 }
 
 // Shared-memory segments of this job that a killed rank could not unlink (ranks unlink them as soon as

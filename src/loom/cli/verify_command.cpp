@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -74,12 +75,6 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
   return out;
 }
 
-std::string self_binary() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("loom") : p.string();
-}
-
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -115,7 +110,8 @@ int verify(const VerifyArgs& a) {
   const fs::path work = fs::temp_directory_path() / fmt::format("loom-verify-{}", ::getpid());
   fs::remove_all(work);
   fs::create_directories(work);
-  const std::string loom = self_binary();
+  const std::string self = self_executable();
+  const std::string loom = self.empty() ? "loom" : self;
 
   fmt::print("loom verify: {} layouts x {} steps, {} {}, tolerance {:g} (relative loss difference vs the first)\n",
              layouts.size(), a.steps, cfg.model.preset, model::precision_name(cfg.precision), tol);

@@ -61,9 +61,9 @@ MpiTransport::MpiTransport(MPI_Comm comm, size_t arena_bytes) : Transport(0, 1),
   check(MPI_Alloc_mem(static_cast<MPI_Aint>(arena_bytes_), MPI_INFO_NULL, &mem), "MPI_Alloc_mem (arena)");
   arena_ = static_cast<std::byte*>(mem);
   arena_free_.reset(arena_bytes_);
-  // The window serves read_peer (forced direct algorithms only). Some OpenMPI set-ups cannot create
-  // one (a single process; the vader BTL without single-copy): the transport then works without it
-  // and the direct algorithms fall back to the ring (reads_peers() is false on every rank alike).
+  // The window serves read_peer, for callers outside the algorithms (which never read peers over MPI:
+  // see reads_peers()). Some OpenMPI set-ups cannot create one (a single process; the vader BTL
+  // without single-copy): the transport then works without it and read_peer says so.
   if (size_ > 1 && MPI_Win_create(arena_, static_cast<MPI_Aint>(arena_bytes_), 1, MPI_INFO_NULL, comm_, &win_) == MPI_SUCCESS) {
     check(MPI_Win_lock_all(0, win_), "MPI_Win_lock_all");
   } else {

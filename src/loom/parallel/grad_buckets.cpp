@@ -15,7 +15,6 @@ GradBuckets::GradBuckets(const spec::ParamTable& table, float* grads, comm::Proc
       hi = lo;
     }
   }
-  if (hi > 0) bounds_.emplace_back(0, hi);  // parameters not starting at 0 (cannot happen; be safe)
 }
 
 void GradBuckets::begin() {

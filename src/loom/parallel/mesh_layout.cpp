@@ -21,15 +21,15 @@ int MeshShape::size(MeshAxis axis) const {
 
 std::string MeshShape::str() const { return fmt::format("pp={} dp={} cp={} tp={}", pp, dp, cp, tp); }
 
-int MeshCoord::along(MeshAxis axis) const {
+int& MeshCoord::at(MeshAxis axis) {
   switch (axis) {
     case MeshAxis::PP: return pp;
     case MeshAxis::DP: return dp;
     case MeshAxis::CP: return cp;
     case MeshAxis::TP: return tp;
-    case MeshAxis::EP: return 0;
+    case MeshAxis::EP: break;
   }
-  return 0;
+  throw ConfigError("the ep axis is drawn from dp x cp and has no mesh coordinate of its own");
 }
 
 MeshCoord coord_of(const MeshShape& s, int rank) {
@@ -53,13 +53,7 @@ std::vector<std::vector<int>> axis_groups(const MeshShape& s, MeshAxis axis) {
     std::vector<int> g;
     for (int i = 0; i < s.size(axis); ++i) {
       MeshCoord m = c;
-      switch (axis) {
-        case MeshAxis::PP: m.pp = i; break;
-        case MeshAxis::DP: m.dp = i; break;
-        case MeshAxis::CP: m.cp = i; break;
-        case MeshAxis::TP: m.tp = i; break;
-        case MeshAxis::EP: break;
-      }
+      m.at(axis) = i;
       g.push_back(rank_of(s, m));
     }
     groups.push_back(std::move(g));

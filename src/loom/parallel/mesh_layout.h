@@ -25,7 +25,11 @@ struct MeshShape {
 
 struct MeshCoord {
   int pp = 0, dp = 0, cp = 0, tp = 0;
-  int along(spec::MeshAxis axis) const;
+  int along(spec::MeshAxis axis) const {
+    MeshCoord c = *this;
+    return c.at(axis);
+  }
+  int& at(spec::MeshAxis axis);  // EP has no coordinate of its own: throws
 };
 
 MeshCoord coord_of(const MeshShape& shape, int rank);
