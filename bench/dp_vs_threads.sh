@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data parallelism on one machine (issue 5's target): `mini`, dp=2 ranks of 1 thread against one rank of
-# 2 threads, with gradient buckets overlapped with backward, with one all-reduce after backward, and ZeRO-1.
-# Alternates the three runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N).
+# 2 threads, with gradient buckets overlapped with backward, with one all-reduce after backward, and each
+# ZeRO stage. Alternates the runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N)
+# and rank 0's peak model-state memory (weights + gradients + optimizer, MiB).
 #   bash bench/dp_vs_threads.sh [rounds] [steps] [build-dir]
 set -euo pipefail
 rounds=${1:-3}
@@ -13,22 +14,28 @@ cd "$(dirname "$0")/.."
 [ -d data/fortunes ] || "$loom" prepare --input /usr/share/games/fortunes --out data/fortunes >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-declare -A results
+declare -A results state
+runs=("dp1 1 4096 0" "dp2-buckets 2 4096 0" "dp2-after-backward 2 0 0" "dp2-zero1 2 4096 1" "dp2-zero2 2 4096 2"
+      "dp2-zero3 2 4096 3")
 for ((r = 1; r <= rounds; r++)); do
-  for run in "dp1 1 4096 0" "dp2-buckets 2 4096 0" "dp2-after-backward 2 0 0" "dp2-zero1 2 4096 1"; do
+  for run in "${runs[@]}"; do
     set -- $run
     rm -rf "$tmp/ck"
-    tps=$("$loom" run -n "$2" -- "$loom" train --config configs/mini.toml --set parallel.dp="$2" \
+    read -r tps mib < <("$loom" run -n "$2" -- "$loom" train --config configs/mini.toml --set parallel.dp="$2" \
       --set parallel.bucket_kb="$3" --set parallel.zero="$4" --set train.steps="$steps" --set train.eval_every=0 \
       --set train.out_dir="$tmp/out" --save-dir "$tmp/ck" --quiet --json | tail -1 |
-      python3 -c 'import json,sys; print(round(json.load(sys.stdin)["tokens_per_s"]))')
+      python3 -c 'import json,sys; j=json.load(sys.stdin); p=j["peak_bytes_by_category"]
+print(round(j["tokens_per_s"]), round((p["parameters"]+p["gradients"]+p["optimizer"])/2**20, 1))')
     results[$1]+="$tps "
+    state[$1]=$mib
   done
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 base=$(echo "${results[dp1]}" | median)
-printf "%-22s %10s %8s   (runs: tokens/s)\n" run "median" "vs dp1"
-for k in dp1 dp2-buckets dp2-after-backward dp2-zero1; do
+printf "%-22s %10s %8s %12s   (runs: tokens/s)\n" run "median" "vs dp1" "state MiB"
+for run in "${runs[@]}"; do
+  k=${run%% *}
   m=$(echo "${results[$k]}" | median)
-  printf "%-22s %10s %7.2fx   (%s)\n" "$k" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" "${results[$k]}"
+  printf "%-22s %10s %7.2fx %12s   (%s)\n" "$k" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" "${state[$k]}" \
+    "${results[$k]}"
 done

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <random>
 
 #include "loom/core/allocator.h"
 #include "loom/core/bf16.h"
+#include "loom/core/page_reservation.h"
 #include "loom/core/philox.h"
 #include "loom/core/tensor.h"
 #include "loom/error.h"
@@ -71,6 +73,30 @@ TEST(Allocator, TracksLiveAndPeakBytesPerCategory) {
   EXPECT_EQ(a.stats(MemCategory::Workspace).peak, 500u);
   a.reset_peaks();
   EXPECT_EQ(a.total().peak, 0u);
+}
+
+// ZeRO-3's arenas: reserved address space that is backed only where written, and whose pages can be
+// given back without moving any view into it.
+TEST(PageReservation, BacksPagesOnWriteAndGivesBackOnlyWholePagesInsideARange) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), n = 64 * page;
+  PageReservation r(n);
+  EXPECT_EQ(r.resident_bytes(), 0u) << "nothing is backed before it is written";
+  auto* f = static_cast<float*>(r.data());
+  for (size_t i = 0; i < n / sizeof(float); ++i) f[i] = 1.0f + static_cast<float>(i);
+  EXPECT_EQ(r.resident_bytes(), n);
+  // [1.5 pages, 10.5 pages): pages 2..9 lie wholly inside; pages 1 and 10 straddle the ends.
+  EXPECT_EQ(r.release(page + page / 2, 9 * page), 8 * page);
+  EXPECT_EQ(r.resident_bytes(), n - 8 * page);
+  const size_t per_page = page / sizeof(float);
+  EXPECT_EQ(f[2 * per_page], 0.0f) << "a given-back page reads as zero";
+  EXPECT_EQ(f[9 * per_page + 5], 0.0f);
+  EXPECT_EQ(f[page / sizeof(float) + 1], 1.0f + static_cast<float>(per_page + 1)) << "straddling pages keep their data";
+  EXPECT_EQ(f[10 * per_page + 1], 1.0f + static_cast<float>(10 * per_page + 1));
+  EXPECT_EQ(r.release(page + 10, 100), 0u) << "less than a page inside: nothing to give back";
+  EXPECT_THROW(r.release(n - page, 2 * page), Error);
+  PageReservation moved = std::move(r);
+  EXPECT_EQ(moved.data(), static_cast<void*>(f));
+  EXPECT_EQ(r.data(), nullptr);
 }
 
 TEST(Tensor, ViewsShareStorageAndCheckBounds) {

@@ -156,13 +156,13 @@ int run_train(const TrainOptions& o) {
       preempted = flag != 0;
     }
     if (periodic || final || preempted) {
-      // Replicas: rank 0's weights are everyone's; ZeRO-1 moments are first gathered from all shards.
-      trainer.gather_optimizer_state();
+      // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
+      trainer.gather_full_state();
       if (lead) {
         std::string path = checkpoints.save(trainer, s.step);
         if (!quiet) fmt::print(stderr, "{}checkpoint saved: {}\n", tty ? "\r\033[K" : "", path);
       }
-      trainer.release_optimizer_state();
+      trainer.release_full_state();
     }
     if (periodic || final || preempted) last_saved = s.step;
     if (preempted) return false;
@@ -242,12 +242,14 @@ int run_train(const TrainOptions& o) {
                      {"hfu", hfu},            {"final_loss", last_loss},    {"steps", cfg.train.steps},
                      {"peak_flops", peak.flops_per_s}, {"peak_bytes", alloc.total().peak}};
     if (last_val) j["val_loss"] = *last_val;
-    // Rank 0's peak bytes by category (with ZeRO-1 the optimizer's is a shard; a checkpoint save adds
-    // the gathered moments for its duration).
+    // Rank 0's peak bytes by category (under ZeRO its shards; a checkpoint save adds the gathered
+    // moments, and under ZeRO-3 the gathered weights, for its duration).
     for (int c = 0; c < kMemCategoryCount; ++c) {
       const auto cat = static_cast<MemCategory>(c);
       j["peak_bytes_by_category"][std::string(mem_category_name(cat))] = alloc.stats(cat).peak;
+      j["live_bytes_by_category"][std::string(mem_category_name(cat))] = alloc.stats(cat).live;
     }
+    if (trainer.zero_stage() >= 2) j["on_demand_resident_bytes"] = trainer.on_demand_resident_bytes();
     fmt::print("{}\n", j.dump());
   }
   return 0;

@@ -1,5 +1,7 @@
 #include "loom/model/parameter_store.h"
 
+#include <algorithm>
+
 #include "loom/core/philox.h"
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
@@ -14,12 +16,23 @@ Precision parse_precision(const std::string& s) {
 
 const char* precision_name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
 
-ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc)
+namespace {
+// An arena of n elements: allocated and zeroed, or reserved (zero pages, backed when written).
+Tensor make_arena(int64_t n, DType dtype, Allocator& alloc, MemCategory category, bool on_demand,
+                  std::unique_ptr<PageReservation>& pages) {
+  if (!on_demand) return Tensor::zeros({n}, dtype, alloc, category);
+  pages = std::make_unique<PageReservation>(static_cast<size_t>(n) * dtype_size(dtype));
+  return Tensor::wrap(pages->data(), {n}, dtype);
+}
+}  // namespace
+
+ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing)
     : table_(std::move(table)), precision_(precision) {
   const int64_t n = table_.total_numel();
-  master_ = Tensor::zeros({n}, DType::F32, alloc, MemCategory::Parameters);
-  grads_ = Tensor::zeros({n}, DType::F32, alloc, MemCategory::Gradients);
-  if (precision_ == Precision::BF16) lowp_ = Tensor::zeros({n}, DType::BF16, alloc, MemCategory::Parameters);
+  master_ = make_arena(n, DType::F32, alloc, MemCategory::Parameters, backing.params_on_demand, master_pages_);
+  grads_ = make_arena(n, DType::F32, alloc, MemCategory::Gradients, backing.grads_on_demand, grad_pages_);
+  if (precision_ == Precision::BF16)
+    lowp_ = make_arena(n, DType::BF16, alloc, MemCategory::Parameters, backing.params_on_demand, lowp_pages_);
 }
 
 Tensor ParameterStore::view_of(const Tensor& arena, const spec::ParamSpec& p) const {
@@ -51,34 +64,44 @@ Tensor ParameterStore::compute_rows(const std::string& f, const std::string& l) 
   return rows_of(precision_ == Precision::BF16 ? lowp_ : master_, f, l);
 }
 
-void ParameterStore::initialize(uint64_t seed) {
+void ParameterStore::initialize(uint64_t seed, std::span<const spec::ArenaRange> only) {
+  const spec::ArenaRange whole{0, table_.total_numel()};
+  const auto ranges = only.empty() ? std::span<const spec::ArenaRange>(&whole, 1) : only;
   float* data = master_.data<float>();
   for (const auto& p : table_.params()) {
-    float* out = data + p.offset;
-    const int64_t n = p.numel();
     const uint64_t stream = stream_of(p.name);
-    switch (p.init.kind) {
-      case spec::Init::Kind::Zeros:
-        for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
-        break;
-      case spec::Init::Kind::Ones:
-        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f;
-        break;
-      case spec::Init::Kind::Normal: {
-        const float std = p.init.std;
+    for (const auto& r : ranges) {
+      // Element i of this parameter, for the indices inside the range.
+      const int64_t lo = std::max<int64_t>(r.begin - p.offset, 0), hi = std::min(r.end - p.offset, p.numel());
+      float* out = data + p.offset;
+      switch (p.init.kind) {
+        case spec::Init::Kind::Zeros:
+          for (int64_t i = lo; i < hi; ++i) out[i] = 0.0f;
+          break;
+        case spec::Init::Kind::Ones:
+          for (int64_t i = lo; i < hi; ++i) out[i] = 1.0f;
+          break;
+        case spec::Init::Kind::Normal: {
+          const float std = p.init.std;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; ++i) out[i] = std * Philox::normal(seed, stream, static_cast<uint64_t>(i));
-        break;
+          for (int64_t i = lo; i < hi; ++i) out[i] = std * Philox::normal(seed, stream, static_cast<uint64_t>(i));
+          break;
+        }
       }
     }
   }
-  zero_grads();
-  refresh_lowp();
+  if (only.empty()) zero_grads();  // on-demand gradients read as zero already
+  refresh_lowp(only);
 }
 
-void ParameterStore::refresh_lowp() {
-  if (precision_ == Precision::BF16)
+void ParameterStore::refresh_lowp(std::span<const spec::ArenaRange> only) {
+  if (precision_ != Precision::BF16) return;
+  if (only.empty()) {
     kernels::cast_f32_to_bf16(lowp_.data<bf16>(), master_.data<float>(), master_.numel());
+    return;
+  }
+  for (const auto& r : only)
+    kernels::cast_f32_to_bf16(lowp_.data<bf16>() + r.begin, master_.data<float>() + r.begin, r.size());
 }
 
 void ParameterStore::zero_grads() { grads_.fill_zero(); }

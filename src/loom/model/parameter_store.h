@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 
+#include "loom/core/page_reservation.h"
 #include "loom/core/tensor.h"
 #include "loom/spec/param_table.h"
 
@@ -17,9 +20,17 @@ enum class Precision { FP32, BF16 };
 Precision parse_precision(const std::string& s);
 const char* precision_name(Precision p);
 
+// Which arenas are reserved address space backed only where written (ZeRO-3's weights, ZeRO-2's and
+// -3's gradients) instead of allocated whole. Their bytes are not charged to the Allocator here: the
+// ZeRO engine charges what it keeps resident.
+struct ArenaBacking {
+  bool params_on_demand = false;  // master and bf16 copies
+  bool grads_on_demand = false;
+};
+
 class ParameterStore {
  public:
-  ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc);
+  ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing = {});
 
   const spec::ParamTable& table() const { return table_; }
   Precision precision() const { return precision_; }
@@ -38,11 +49,18 @@ class ParameterStore {
   Tensor compute_rows(const std::string& first, const std::string& last) const;
 
   // Each element from Philox(seed, stream_of(name), element index): the same value whatever the
-  // sharding or thread count.
-  void initialize(uint64_t seed);
-  // Refreshes the bf16 copies from the masters (the optimizer does this fused with its update).
-  void refresh_lowp();
+  // sharding or thread count. `only`: initialise just these arena ranges (a ZeRO-3 rank's shard; the
+  // rest stays unbacked); empty means all.
+  void initialize(uint64_t seed, std::span<const spec::ArenaRange> only = {});
+  // Refreshes the bf16 copies from the masters (the optimizer does this fused with its update);
+  // `only` as for initialize.
+  void refresh_lowp(std::span<const spec::ArenaRange> only = {});
   void zero_grads();
+
+  // The on-demand arenas' reservations (nullptr where the arena is allocated whole).
+  PageReservation* param_pages() { return master_pages_.get(); }
+  PageReservation* lowp_pages() { return lowp_pages_.get(); }
+  PageReservation* grad_pages() { return grad_pages_.get(); }
 
  private:
   Tensor view_of(const Tensor& arena, const spec::ParamSpec& p) const;
@@ -51,6 +69,7 @@ class ParameterStore {
   spec::ParamTable table_;
   Precision precision_;
   Tensor master_, grads_, lowp_;
+  std::unique_ptr<PageReservation> master_pages_, lowp_pages_, grad_pages_;
 };
 
 }  // namespace loom::model

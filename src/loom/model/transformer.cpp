@@ -189,12 +189,22 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
     c.valid_targets += tg[i] >= 0;
   }
   const auto s = attention_shape(c.B, c.T);
+  const int64_t L = cfg_.n_layers;
+  LayerHooks none;
+  LayerHooks& h = hooks_ ? *hooks_ : none;
+  h.before_forward(-1);
   backend_.embedding_forward(c.residual[0], c.tokens, wte_, llama_ ? nullptr : &wpe_);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+  h.after_forward(-1);
+  for (int64_t l = 0; l < L; ++l) {
+    h.before_forward(l);
     block_forward(blocks_[l], c.blocks[l], c.residual[l], c.residual[l + 1], s);
-  norm_forward(norm_f_, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[cfg_.n_layers]);
+    h.after_forward(l);
+  }
+  h.before_forward(L);
+  norm_forward(norm_f_, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[L]);
   to_gemm_input(c.nf_lp, c.nf_out);
   backend_.linear_forward(c.logits, c.nf_lp, head_.w, nullptr, false);
+  h.after_forward(L);
   if (grad_scale > 0)
     backend_.softmax_cross_entropy(c.losses, c.logits, c.targets, grad_scale);
   else
@@ -205,19 +215,25 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
   return c.valid_targets > 0 ? sum / static_cast<double>(c.valid_targets) : 0.0;
 }
 
-void Transformer::backward(ActivationContext& c, const std::function<void(int64_t)>& on_block_done) {
+void Transformer::backward(ActivationContext& c) {
   const auto s = attention_shape(c.B, c.T);
+  const int64_t L = cfg_.n_layers;
+  LayerHooks none;
+  LayerHooks& h = hooks_ ? *hooks_ : none;
+  h.before_backward(L);
   // LM head: logits hold dlogits after the fused softmax-cross-entropy.
   backend_.linear_backward(&c.d_norm, false, head_.dw, nullptr, c.logits, c.nf_lp, head_.w);
   c.d_res.fill_zero();
-  norm_backward(norm_f_, c.d_res, c.d_norm, c.residual[cfg_.n_layers], c.nf_mean, c.nf_rstd);
-  if (on_block_done) on_block_done(cfg_.n_layers);
-  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+  norm_backward(norm_f_, c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+  h.after_backward(L);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    h.before_backward(l);
     block_backward(blocks_[l], c.blocks[l], c, c.residual[l], s);
-    if (on_block_done) on_block_done(l);
+    h.after_backward(l);
   }
+  h.before_backward(-1);
   backend_.embedding_backward(dwte_, llama_ ? nullptr : &dwpe_, c.d_res, c.tokens);
-  if (on_block_done) on_block_done(-1);
+  h.after_backward(-1);
 }
 
 }  // namespace loom::model

@@ -3,12 +3,11 @@
 // parallelism; it reads weights by name from the ParameterStore and runs every op on a Backend.
 #pragma once
 
-#include <functional>
-
 #include <vector>
 
 #include "loom/kernels/backend.h"
 #include "loom/model/activations.h"
+#include "loom/model/layer_hooks.h"
 #include "loom/model/parameter_store.h"
 #include "loom/spec/transformer_config.h"
 
@@ -36,9 +35,9 @@ class Transformer {
   // dlogits = d(loss_sum * grad_scale)/dlogits for backward(); grad_scale = 0 is evaluation only.
   double forward(ActivationContext& ctx, const Tensor& tokens, const Tensor& targets, float grad_scale);
   // Accumulates parameter gradients (+=) into the ParameterStore's gradient arena.
-  // on_block_done(l) runs when block l's parameter gradients are final; l = n_layers after the head and
-  // final norm, -1 at the very end (embeddings, and a tied head, are final only then).
-  void backward(ActivationContext& ctx, const std::function<void(int64_t)>& on_block_done = {});
+  void backward(ActivationContext& ctx);
+  // Called around every unit's use in forward and backward (nullptr: none). Not owned.
+  void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
  private:
   struct Block {
@@ -58,6 +57,7 @@ class Transformer {
 
   spec::TransformerConfig cfg_;
   ParameterStore& params_;
+  LayerHooks* hooks_ = nullptr;
   kernels::Backend& backend_;
   bool llama_;
   bool lowp_;

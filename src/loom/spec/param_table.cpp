@@ -79,6 +79,12 @@ namespace {
 ParamSpec matrix(std::string name, int64_t out, int64_t in, float std) {
   return {std::move(name), {out, in}, {Init::Kind::Normal, std}, Placement::replicate(), true, 0};
 }
+// A matrix only GEMMs read (not an embedding table).
+ParamSpec linear(std::string name, int64_t out, int64_t in, float std) {
+  ParamSpec p = matrix(std::move(name), out, in, std);
+  p.gemm_only = true;
+  return p;
+}
 ParamSpec vec(std::string name, int64_t n, Init::Kind kind) {
   return {std::move(name), {n}, {kind, 0.0f}, Placement::replicate(), false, 0};
 }
@@ -94,20 +100,20 @@ void add_gpt2(ParamTable& t, const TransformerConfig& c) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
     t.add(vec(p + "ln_1.weight", C, Init::Kind::Ones));
     t.add(vec(p + "ln_1.bias", C, Init::Kind::Zeros));
-    t.add(matrix(p + "attn.c_attn.weight", 3 * C, C, c.init_std));
+    t.add(linear(p + "attn.c_attn.weight", 3 * C, C, c.init_std));
     t.add(vec(p + "attn.c_attn.bias", 3 * C, Init::Kind::Zeros));
-    t.add(matrix(p + "attn.c_proj.weight", C, C, resid_std));
+    t.add(linear(p + "attn.c_proj.weight", C, C, resid_std));
     t.add(vec(p + "attn.c_proj.bias", C, Init::Kind::Zeros));
     t.add(vec(p + "ln_2.weight", C, Init::Kind::Ones));
     t.add(vec(p + "ln_2.bias", C, Init::Kind::Zeros));
-    t.add(matrix(p + "mlp.c_fc.weight", c.d_ff, C, c.init_std));
+    t.add(linear(p + "mlp.c_fc.weight", c.d_ff, C, c.init_std));
     t.add(vec(p + "mlp.c_fc.bias", c.d_ff, Init::Kind::Zeros));
-    t.add(matrix(p + "mlp.c_proj.weight", C, c.d_ff, resid_std));
+    t.add(linear(p + "mlp.c_proj.weight", C, c.d_ff, resid_std));
     t.add(vec(p + "mlp.c_proj.bias", C, Init::Kind::Zeros));
   }
   t.add(vec("transformer.ln_f.weight", C, Init::Kind::Ones));
   t.add(vec("transformer.ln_f.bias", C, Init::Kind::Zeros));
-  if (!c.tie_embeddings) t.add(matrix("lm_head.weight", c.vocab_size, C, c.init_std));
+  if (!c.tie_embeddings) t.add(linear("lm_head.weight", c.vocab_size, C, c.init_std));
 }
 
 void add_llama(ParamTable& t, const TransformerConfig& c) {
@@ -117,17 +123,17 @@ void add_llama(ParamTable& t, const TransformerConfig& c) {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     t.add(vec(p + "input_layernorm.weight", C, Init::Kind::Ones));
-    t.add(matrix(p + "self_attn.q_proj.weight", c.n_heads * hd, C, c.init_std));
-    t.add(matrix(p + "self_attn.k_proj.weight", c.n_kv_heads * hd, C, c.init_std));
-    t.add(matrix(p + "self_attn.v_proj.weight", c.n_kv_heads * hd, C, c.init_std));
-    t.add(matrix(p + "self_attn.o_proj.weight", C, c.n_heads * hd, resid_std));
+    t.add(linear(p + "self_attn.q_proj.weight", c.n_heads * hd, C, c.init_std));
+    t.add(linear(p + "self_attn.k_proj.weight", c.n_kv_heads * hd, C, c.init_std));
+    t.add(linear(p + "self_attn.v_proj.weight", c.n_kv_heads * hd, C, c.init_std));
+    t.add(linear(p + "self_attn.o_proj.weight", C, c.n_heads * hd, resid_std));
     t.add(vec(p + "post_attention_layernorm.weight", C, Init::Kind::Ones));
-    t.add(matrix(p + "mlp.gate_proj.weight", c.d_ff, C, c.init_std));
-    t.add(matrix(p + "mlp.up_proj.weight", c.d_ff, C, c.init_std));
-    t.add(matrix(p + "mlp.down_proj.weight", C, c.d_ff, resid_std));
+    t.add(linear(p + "mlp.gate_proj.weight", c.d_ff, C, c.init_std));
+    t.add(linear(p + "mlp.up_proj.weight", c.d_ff, C, c.init_std));
+    t.add(linear(p + "mlp.down_proj.weight", C, c.d_ff, resid_std));
   }
   t.add(vec("model.norm.weight", C, Init::Kind::Ones));
-  if (!c.tie_embeddings) t.add(matrix("lm_head.weight", c.vocab_size, C, c.init_std));
+  if (!c.tie_embeddings) t.add(linear("lm_head.weight", c.vocab_size, C, c.init_std));
 }
 
 }  // namespace

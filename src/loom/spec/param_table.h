@@ -19,6 +19,13 @@ struct Init {
   float std = 0.02f;
 };
 
+// A half-open range of arena elements (a ZeRO shard's piece, a unit, a bucket).
+struct ArenaRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const ArenaRange&) const = default;
+};
+
 struct ParamSpec {
   std::string name;             // Hugging Face-compatible, e.g. "transformer.h.0.attn.c_attn.weight"
   std::vector<int64_t> shape;   // matrices are [out_features, in_features], as torch.nn.Linear
@@ -26,6 +33,9 @@ struct ParamSpec {
   Placement placement;
   bool weight_decay = false;    // matrices (embeddings included) decay; biases and norm gains do not
   int64_t offset = 0;           // element offset in the arena
+  // Read by the model only as a GEMM operand, so in bf16 mode only its bf16 copy is ever read: linear
+  // weights and an untied LM head. Norm gains, biases and embeddings are read in f32.
+  bool gemm_only = false;
 
   int64_t numel() const;
 };

@@ -7,37 +7,47 @@
 
 namespace loom::train {
 
-AdamW::AdamW(model::ParameterStore& params, AdamWConfig cfg, Allocator& alloc, int64_t shard_begin, int64_t shard_end)
-    : params_(params),
-      cfg_(cfg),
-      lo_(shard_begin),
-      hi_(shard_end < 0 ? params.table().total_numel() : shard_end) {
-  m_ = Tensor::zeros({hi_ - lo_}, DType::F32, alloc, MemCategory::Optimizer);
-  v_ = Tensor::zeros({hi_ - lo_}, DType::F32, alloc, MemCategory::Optimizer);
+AdamW::AdamW(model::ParameterStore& params, AdamWConfig cfg, Allocator& alloc, std::vector<spec::ArenaRange> pieces)
+    : params_(params), cfg_(cfg), pieces_(std::move(pieces)), sharded_(!pieces_.empty()) {
+  if (pieces_.empty()) pieces_.push_back({0, params.table().total_numel()});
+  int64_t n = 0;
+  for (const auto& r : pieces_) {
+    local_.push_back(n);
+    n += r.size();
+  }
+  m_ = Tensor::zeros({n}, DType::F32, alloc, MemCategory::Optimizer);
+  v_ = Tensor::zeros({n}, DType::F32, alloc, MemCategory::Optimizer);
 }
 
 void AdamW::step(double lr, double grad_scale, profile::Tracer* tracer) {
   ++step_;
   const bool lowp = params_.precision() == model::Precision::BF16;
-  auto cost = kernels::adamw_cost(hi_ - lo_);
+  auto cost = kernels::adamw_cost(m_.numel());
   profile::Span span(tracer, "adamw", profile::Category::Kernel, cost.flops, cost.bytes);
   float* p = params_.master().data<float>();
   float* g = params_.grads().data<float>();
   bf16* lp = lowp ? params_.lowp().data<bf16>() : nullptr;
-  // Each parameter's part inside the shard (decay is per parameter, so a shard cut mid-tensor is fine).
-  for (const auto& spec : params_.table().params()) {
-    const int64_t a = std::max(spec.offset, lo_), b = std::min(spec.offset + spec.numel(), hi_);
-    if (a >= b) continue;
-    kernels::adamw_update(p + a, m_.data<float>() + (a - lo_), v_.data<float>() + (a - lo_), lp ? lp + a : nullptr, g + a,
-                          b - a, static_cast<float>(lr), static_cast<float>(cfg_.beta1),
-                          static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                          spec.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_,
-                          static_cast<float>(grad_scale));
+  // Each parameter's part inside each piece (decay is per parameter, so a piece cut mid-tensor is fine).
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const auto [lo, hi] = pieces_[k];
+    float* m = m_.data<float>() + local_[k];  // element a of the arena is m[a - lo]
+    float* v = v_.data<float>() + local_[k];
+    for (const auto& spec : params_.table().params()) {
+      const int64_t a = std::max(spec.offset, lo), b = std::min(spec.offset + spec.numel(), hi);
+      if (a >= b) continue;
+      kernels::adamw_update(p + a, m + (a - lo), v + (a - lo), lp ? lp + a : nullptr, g + a, b - a, static_cast<float>(lr),
+                            static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
+                            spec.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_,
+                            static_cast<float>(grad_scale));
+    }
   }
 }
 
-double grad_sum_squares(const model::ParameterStore& params, int64_t begin, int64_t end) {
-  return end > begin ? kernels::sum_squares(params.grads().data<float>() + begin, end - begin) : 0.0;
+double grad_sum_squares(const model::ParameterStore& params, const std::vector<spec::ArenaRange>& pieces) {
+  double s = 0;
+  for (const auto& r : pieces)
+    if (r.size() > 0) s += kernels::sum_squares(params.grads().data<float>() + r.begin, r.size());
+  return s;
 }
 
 double global_grad_norm(const model::ParameterStore& params) {

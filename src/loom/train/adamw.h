@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "loom/core/tensor.h"
 #include "loom/model/parameter_store.h"
@@ -17,33 +18,34 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // Owns the moments of arena elements [shard_begin, shard_end) and updates only those (ZeRO-1: each
-  // data-parallel rank one shard); shard_end < 0 means the whole arena.
-  AdamW(model::ParameterStore& params, AdamWConfig cfg, Allocator& alloc, int64_t shard_begin = 0,
-        int64_t shard_end = -1);
+  // Owns the moments of the arena ranges `pieces` and updates only those (ZeRO: each data-parallel rank
+  // its pieces of every unit); empty means the whole arena.
+  AdamW(model::ParameterStore& params, AdamWConfig cfg, Allocator& alloc, std::vector<spec::ArenaRange> pieces = {});
   // One update with learning rate `lr`; gradients are multiplied by `grad_scale` (clipping) first.
   void step(double lr, double grad_scale, profile::Tracer* tracer);
   int64_t steps_taken() const { return step_; }
   // After loading m and v from a checkpoint: the bias corrections continue from `steps`.
   void restore_steps(int64_t steps) { step_ = steps; }
-  // Moments of the shard: element i is arena element shard_begin() + i.
+  // Moments of the pieces laid end to end: piece k starts at local_offset(k).
   const Tensor& m() const { return m_; }
   const Tensor& v() const { return v_; }
-  int64_t shard_begin() const { return lo_; }
-  int64_t shard_end() const { return hi_; }
-  bool sharded() const { return lo_ != 0 || hi_ != params_.table().total_numel(); }
+  const std::vector<spec::ArenaRange>& pieces() const { return pieces_; }
+  int64_t local_offset(size_t k) const { return local_[k]; }
+  bool sharded() const { return sharded_; }
 
  private:
   model::ParameterStore& params_;
   AdamWConfig cfg_;
-  int64_t lo_, hi_;
+  std::vector<spec::ArenaRange> pieces_;
+  std::vector<int64_t> local_;
+  bool sharded_;
   Tensor m_, v_;
   int64_t step_ = 0;
 };
 
 // Global L2 norm of all gradients (accumulated in double).
 double global_grad_norm(const model::ParameterStore& params);
-// Sum of squares of gradient elements [begin, end) (a shard's part of the norm).
-double grad_sum_squares(const model::ParameterStore& params, int64_t begin, int64_t end);
+// Sum of squares of the gradient elements in `pieces` (a shard's part of the norm).
+double grad_sum_squares(const model::ParameterStore& params, const std::vector<spec::ArenaRange>& pieces);
 
 }  // namespace loom::train

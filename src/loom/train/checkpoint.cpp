@@ -207,9 +207,19 @@ void CheckpointManager::prune(const std::string& just_saved) {
 
 namespace {
 
+// Copies the part of a parameter's checkpoint tensor `src` that lies inside arena range `r` to `dst`,
+// where dst[0] holds arena element r.begin.
+void copy_overlap(float* dst, const spec::ArenaRange& r, const spec::ParamSpec& p, const void* src) {
+  const int64_t a = std::max(p.offset, r.begin), b = std::min(p.offset + p.numel(), r.end);
+  if (a < b)
+    std::memcpy(dst + (a - r.begin), static_cast<const float*>(src) + (a - p.offset), static_cast<size_t>(b - a) * sizeof(float));
+}
+
 // Copies every tensor the manifest lists into the parameter (and, when given, optimizer) arenas,
 // verifying shape and checksum first; a damaged tensor is named and nothing is half-trusted.
-void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& params, AdamW* adam) {
+// weights_kept: the arena ranges whose weights this rank holds (a ZeRO-3 shard); empty means all.
+void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& params, AdamW* adam,
+                  std::span<const spec::ArenaRange> weights_kept = {}) {
   SafetensorsFile model((dir / "model.safetensors").string());
   std::optional<SafetensorsFile> opt;
   if (adam) opt.emplace((dir / "optimizer.safetensors").string());
@@ -229,16 +239,15 @@ void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& par
       throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
                     "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
     if (is_model) {
-      std::memcpy(params.master().data<float>() + spec.offset, e.data, e.nbytes);
+      if (weights_kept.empty())
+        std::memcpy(params.master().data<float>() + spec.offset, e.data, e.nbytes);
+      for (const auto& r : weights_kept) copy_overlap(params.master().data<float>() + r.begin, r, spec, e.data);
       continue;
     }
-    // Moments: only the part inside this rank's optimizer shard (all of it without ZeRO).
-    float* shard = key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>() : adam->m().data<float>();
-    const int64_t a = std::max(spec.offset, adam->shard_begin());
-    const int64_t b = std::min(spec.offset + spec.numel(), adam->shard_end());
-    if (a < b)
-      std::memcpy(shard + (a - adam->shard_begin()), static_cast<const float*>(e.data) + (a - spec.offset),
-                  static_cast<size_t>(b - a) * sizeof(float));
+    // Moments: only the parts inside this rank's optimizer pieces (all of it without ZeRO).
+    float* local = key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>() : adam->m().data<float>();
+    for (size_t k = 0; k < adam->pieces().size(); ++k)
+      copy_overlap(local + adam->local_offset(k), adam->pieces()[k], spec, e.data);
   }
   if (model_tensors != params.table().params().size())
     throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(model_tensors) +
@@ -319,8 +328,8 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
 
   auto& params = trainer.params();
   auto& adam = trainer.optimizer();
-  load_tensors(dir, m, params, &adam);
-  params.refresh_lowp();
+  load_tensors(dir, m, params, &adam, trainer.weights_held());
+  trainer.weights_changed();
   adam.restore_steps(m.at("optimizer").at("steps").get<int64_t>());
   report.step = m.at("step").get<int64_t>();
   trainer.set_start_step(report.step);

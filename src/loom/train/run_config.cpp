@@ -284,10 +284,10 @@ void RunConfig::validate() const {
        "parallel degrees must be 1..65536 (dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) +
            " ep=" + s(p.ep) + ")");
   need(p.zero >= 0 && p.zero <= 3, "parallel.zero = " + s(p.zero) + " is not a ZeRO stage (0, 1, 2 or 3)");
-  need(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1 && p.zero <= 1,
+  need(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +
-           " zero=" + s(p.zero) + " is not supported yet: this build runs data parallelism only (parallel.dp = N, "
-           "every other degree 1, parallel.zero = 0 or 1)");
+           " is not supported yet: this build runs data parallelism only (parallel.dp = N with parallel.zero = "
+           "0..3, every other degree 1)");
   need(train.batch_size % (p.dp * micro_batch()) == 0,
        "train.batch_size = " + s(train.batch_size) + " must be divisible by parallel.dp x train.micro_batch_size = " +
            s(p.dp) + " x " + s(micro_batch()) + " (each data-parallel rank runs whole micro-batches of its share)");

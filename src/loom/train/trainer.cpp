@@ -3,12 +3,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "loom/core/checksum.h"
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
 
 namespace loom::train {
+
+namespace {
+// Point-to-point tags of a checkpoint's moment gather (two per unit), clear of any other sender's.
+constexpr uint64_t kMomentsTag = uint64_t{0x5A4} << 40;
+}  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, comm::ProcessGroup* dp)
     : cfg_(cfg),
@@ -26,26 +32,41 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
                       std::to_string(dp_size_) + " rank(s): start parallel.dp ranks (loom run -n " +
                       std::to_string(cfg_.parallel.dp) + " -- loom train ...)");
   Allocator& alloc = backend_.allocator();
-  params_ = std::make_unique<model::ParameterStore>(spec::build_param_table(cfg_.model.resolved), cfg_.precision, alloc);
-  params_->initialize(cfg_.train.seed);
+  const int64_t L = cfg_.model.resolved.n_layers;
+  // ZeRO needs replicas to shard across; alone, every stage is the plain run.
+  stage_ = dp_ ? static_cast<int>(cfg_.parallel.zero) : 0;
+  auto table = spec::build_param_table(cfg_.model.resolved);
+  const auto block_starts = table.block_starts(L);
+  std::optional<parallel::ShardPlan> plan;
+  if (stage_ >= 1) plan.emplace(parallel::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
+  const std::vector<spec::ArenaRange> mine = plan ? plan->pieces(dp_rank_) : std::vector<spec::ArenaRange>{};
+  // ZeRO-3 reserves the weight arenas and backs only this rank's pieces; ZeRO-2/3 likewise the gradients.
+  params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc,
+                                                    model::ArenaBacking{stage_ == 3, stage_ >= 2});
+  if (stage_ == 3)
+    params_->initialize(cfg_.train.seed, mine);
+  else
+    params_->initialize(cfg_.train.seed);
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_);
-  // ZeRO-1: dp rank r owns arena elements [r*chunk, (r+1)*chunk), the last rank also the remainder.
-  const int64_t total = params_->table().total_numel();
-  int64_t lo = 0, hi = total;
-  if (dp_ && cfg_.parallel.zero >= 1) {
-    const int64_t chunk = total / dp_size_;
-    for (int r = 0; r < dp_size_; ++r)
-      shard_counts_.push_back(static_cast<size_t>(r == dp_size_ - 1 ? total - r * chunk : chunk));
-    lo = dp_rank_ * chunk;
-    hi = lo + static_cast<int64_t>(shard_counts_[dp_rank_]);
-  }
   optimizer_ = std::make_unique<AdamW>(
-      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc, lo, hi);
+      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc, mine);
   ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
-  if (dp_ && shard_counts_.empty()) {
+  if (dp_ && stage_ == 0)
     buckets_ = std::make_unique<parallel::GradBuckets>(params_->table(), params_->grads().data<float>(), *dp_,
                                                        static_cast<size_t>(cfg_.parallel.bucket_kb) << 10);
-    block_starts_ = params_->table().block_starts(cfg_.model.resolved.n_layers);
+  if (stage_ >= 1) {
+    parallel::ZeroArenas arenas{params_->master().data<float>(),
+                                params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
+                                params_->grads().data<float>(), params_->param_pages(), params_->lowp_pages(),
+                                params_->grad_pages()};
+    std::vector<spec::ArenaRange> f32_read;
+    for (const auto& p : params_->table().params())
+      if (!p.gemm_only) f32_read.push_back({p.offset, p.offset + p.numel()});
+    zero_ = std::make_unique<parallel::ZeroEngine>(std::move(*plan), stage_, arenas, std::move(f32_read), *dp_, alloc);
+  }
+  if (dp_) {
+    hooks_ = std::make_unique<StepHooks>(L, buckets_.get(), block_starts, zero_.get());
+    model_->set_hooks(hooks_.get());
   }
   tokens_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
   targets_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
@@ -62,42 +83,45 @@ StepMetrics Trainer::train_step(int64_t step) {
   const int64_t first = (step - 1) * cfg_.train.batch_size + dp_rank_ * share;
   // Every sample holds T targets (no padding), so the loss is the mean over batch * T of them.
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
-  params_->zero_grads();
+  // ZeRO-2/3 keep no full gradient: only this rank's pieces accumulate across micro-batches.
+  if (stage_ >= 2)
+    zero_->zero_owned_grads();
+  else
+    params_->zero_grads();
   double loss_sum = 0;
   double exposed = 0;  // seconds this thread waited on dp collectives
   const double comm_cpu0 = dp_ ? dp_->stats().comm_cpu_seconds : 0;
-  auto timed = [&exposed](auto&& f) {
-    const auto w0 = std::chrono::steady_clock::now();
-    f();
-    exposed += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-  };
+  const double zero_wait0 = zero_ ? zero_->wait_seconds() : 0;
   for (int64_t m = 0; m < n_micro; ++m) {
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
+    // DDP and ZeRO-1 reduce once, during the last micro-batch's backward; ZeRO-2/3 every micro-batch
+    // (they keep no full gradient to accumulate into). Gradients were scaled by the global sample
+    // count, so the sum over replicas is the batch gradient.
+    const bool reduce = stage_ >= 2 || m == n_micro - 1;
+    if (hooks_) hooks_->set_mode(true, reduce);
+    if (buckets_ && reduce) buckets_->begin();
     double loss = model_->forward(ctx_, tokens_, targets_, grad_scale);
     if (!std::isfinite(loss))
       throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
                          std::to_string(m) + "; lower train.lr or check the data");
     loss_sum += loss;
-    if (buckets_ && m == n_micro - 1) {
-      // Last micro-batch: each bucket is all-reduced as soon as backward has made it final. Gradients
-      // were scaled by the global sample count, so the sum over replicas is the batch gradient.
-      buckets_->begin();
-      model_->backward(ctx_, [&](int64_t l) { buckets_->ready_from(l >= 0 ? block_starts_[l] : 0); });
-    } else {
-      model_->backward(ctx_);
-    }
+    model_->backward(ctx_);
   }
   double norm = 0;
   if (buckets_) {
     profile::Span span(tracer, "dp_all_reduce_wait", profile::Category::Communication, 0,
                        static_cast<double>(params_->grads().numel()) * 4);
-    timed([&] { buckets_->finish(); });
-  } else if (dp_) {
-    timed([&] { reduce_scatter_gradients(); });
+    const auto w0 = std::chrono::steady_clock::now();
+    buckets_->finish();
+    exposed += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  }
+  if (zero_) {
+    profile::Span span(tracer, "zero_reduce_wait", profile::Category::Communication);
+    zero_->finish_all();
   }
   if (dp_) loss_sum = dp_sum(loss_sum);
-  if (optimizer_->sharded()) {  // each rank holds the summed gradient of its shard only
-    norm = std::sqrt(dp_sum(grad_sum_squares(*params_, optimizer_->shard_begin(), optimizer_->shard_end())));
+  if (zero_) {  // each rank holds the summed gradient of its pieces only
+    norm = std::sqrt(dp_sum(grad_sum_squares(*params_, optimizer_->pieces())));
   } else {
     norm = global_grad_norm(*params_);
   }
@@ -105,7 +129,15 @@ StepMetrics Trainer::train_step(int64_t step) {
   const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
   const double lr = schedule_.at(step);
   optimizer_->step(lr, clip, tracer);
-  if (optimizer_->sharded()) timed([&] { all_gather_parameters(); });
+  if (zero_ && stage_ < 3) {
+    // ZeRO-1/2: each rank updated its pieces of the weights; every replica needs all of them. (ZeRO-3
+    // gathers each unit when the next forward reaches it.)
+    profile::Span span(tracer, "zero_all_gather", profile::Category::Communication, 0,
+                       static_cast<double>(params_->master().numel()) * 4);
+    zero_->all_gather_masters();
+    params_->refresh_lowp();
+  }
+  if (zero_) exposed += zero_->wait_seconds() - zero_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   StepMetrics s;
@@ -142,15 +174,21 @@ void Trainer::check_finite_gradients(int64_t step) const {
 double Trainer::evaluate() {
   profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
   double sum = 0;
-  for (int64_t i = dp_rank_; i < cfg_.train.eval_batches; i += dp_size_) {  // dp ranks split the batches
-    data_->fill(tokens_, targets_, i * cfg_.micro_batch(), Split::Validation);
-    sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
+  if (hooks_) hooks_->set_mode(false, false);
+  // dp ranks split the batches. Under ZeRO-3 every forward gathers weights collectively, so every rank
+  // runs the same number of them; a rank past the end repeats batch 0 and discards the result.
+  const int64_t n = cfg_.train.eval_batches;
+  const int64_t rounds = stage_ == 3 ? (n + dp_size_ - 1) / dp_size_ : 0;
+  for (int64_t k = 0, i = dp_rank_; i < n || k < rounds; ++k, i += dp_size_) {
+    data_->fill(tokens_, targets_, (i < n ? i : 0) * cfg_.micro_batch(), Split::Validation);
+    const double loss = model_->forward(ctx_, tokens_, targets_, 0.0f);
+    if (i < n) sum += loss;
   }
-  return dp_sum(sum) / static_cast<double>(cfg_.train.eval_batches);
+  return dp_sum(sum) / static_cast<double>(n);
 }
 
 void Trainer::check_replicas(int64_t step) {
-  if (!dp_) return;
+  if (!dp_ || stage_ == 3) return;  // ZeRO-3 replicates no state: every rank holds different pieces
   profile::Span span(backend_.tracer(), "check_replicas", profile::Category::Host);
   // Fault injection for the test of this check: the last replica's first weight moves by one ulp.
   if (const char* f = std::getenv("LOOM_FAULT_INJECT"); f && std::string(f) == "replica_drift" && dp_rank_ == dp_size_ - 1) {
@@ -158,7 +196,7 @@ void Trainer::check_replicas(int64_t step) {
     w[0] = std::nextafter(w[0], 1e30f);
   }
   auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.data<float>(), t.numel() * sizeof(float)) : 0; };
-  // Under ZeRO-1 the moments are shards, different by design: only the weights must agree.
+  // Under ZeRO-1/2 the moments are pieces, different by design: only the weights must agree.
   const bool moments = !optimizer_->sharded();
   const uint64_t mine[3] = {hash_of(params_->master()), moments ? hash_of(optimizer_->m()) : 0,
                             moments ? hash_of(optimizer_->v()) : 0};
@@ -174,48 +212,75 @@ void Trainer::check_replicas(int64_t step) {
                            "); the ranks no longer train the same model. Report this with the config");
 }
 
-// ZeRO-1: the sum of every rank's gradient lands only in the shard its owner updates.
-void Trainer::reduce_scatter_gradients() {
-  profile::Span span(backend_.tracer(), "zero_reduce_scatter", profile::Category::Communication, 0,
-                     static_cast<double>(params_->grads().numel()) * 4);
-  float* g = params_->grads().data<float>();
-  const size_t chunk = shard_counts_[0];
-  const size_t even = chunk * static_cast<size_t>(dp_size_);
-  if (chunk > 0) dp_->reduce_scatter(g, g + dp_rank_ * chunk, chunk, DType::F32, comm::ReduceOp::kSum).wait();
-  // The remainder after dp equal chunks (fewer than dp elements) belongs to the last rank.
-  const size_t tail = static_cast<size_t>(params_->table().total_numel()) - even;
-  if (tail > 0) dp_->all_reduce(g + even, g + even, tail, DType::F32, comm::ReduceOp::kSum).wait();
-}
-
-// ZeRO-1: every rank updated its shard of the weights; all of them need all of it for the next step.
-void Trainer::all_gather_parameters() {
-  profile::Span span(backend_.tracer(), "zero_all_gather", profile::Category::Communication, 0,
-                     static_cast<double>(params_->master().numel()) * 4);
-  float* w = params_->master().data<float>();
-  dp_->all_gather_v(w + optimizer_->shard_begin(), w, shard_counts_, DType::F32).wait();
-  params_->refresh_lowp();
-}
-
 Trainer::Moments Trainer::full_moments() const {
-  if (!optimizer_->sharded()) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
-  if (!gathered_m_.numel())
-    throw Error("internal: a ZeRO-1 checkpoint needs gather_optimizer_state() on every rank first");
+  if (!zero_) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
+  if (!gathered_m_.numel()) throw Error("internal: a ZeRO checkpoint needs gather_full_state() on every rank first");
   return {gathered_m_.data<float>(), gathered_v_.data<float>()};
 }
 
-void Trainer::gather_optimizer_state() {
-  if (!optimizer_->sharded()) return;
-  Allocator& alloc = backend_.allocator();
-  const int64_t total = params_->table().total_numel();
-  gathered_m_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
-  gathered_v_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
-  dp_->all_gather_v(optimizer_->m().data<float>(), gathered_m_.data<float>(), shard_counts_, DType::F32).wait();
-  dp_->all_gather_v(optimizer_->v().data<float>(), gathered_v_.data<float>(), shard_counts_, DType::F32).wait();
+void Trainer::gather_full_state() {
+  if (!zero_) return;
+  const auto& plan = zero_->plan();
+  const float* m = optimizer_->m().data<float>();
+  const float* v = optimizer_->v().data<float>();
+  std::vector<comm::Work> works;
+  if (dp_rank_ == 0) {
+    Allocator& alloc = backend_.allocator();
+    const int64_t total = params_->table().total_numel();
+    gathered_m_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
+    gathered_v_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
+  }
+  // Point to point to dp rank 0, unit by unit: the other ranks need no memory for the save.
+  for (size_t u = 0; u < plan.units(); ++u) {
+    const uint64_t tag = kMomentsTag + 2 * u;
+    if (dp_rank_ != 0) {
+      const auto n = static_cast<size_t>(plan.piece(u, dp_rank_).size());
+      const int64_t local = plan.local_offset(u, dp_rank_);
+      if (n == 0) continue;
+      works.push_back(dp_->send(m + local, n, DType::F32, 0, tag));
+      works.push_back(dp_->send(v + local, n, DType::F32, 0, tag + 1));
+      continue;
+    }
+    for (int r = 0; r < dp_size_; ++r) {
+      const auto p = plan.piece(u, r);
+      if (p.size() == 0) continue;
+      float* gm = gathered_m_.data<float>() + p.begin;
+      float* gv = gathered_v_.data<float>() + p.begin;
+      const auto n = static_cast<size_t>(p.size());
+      if (r == 0) {
+        std::memcpy(gm, m + plan.local_offset(u, 0), n * sizeof(float));
+        std::memcpy(gv, v + plan.local_offset(u, 0), n * sizeof(float));
+        continue;
+      }
+      works.push_back(dp_->recv(gm, n, DType::F32, r, tag));
+      works.push_back(dp_->recv(gv, n, DType::F32, r, tag + 1));
+    }
+  }
+  for (auto& w : works) w.wait();
+  zero_->gather_full_masters(0);  // ZeRO-3 only
 }
 
-void Trainer::release_optimizer_state() {
+void Trainer::release_full_state() {
   gathered_m_ = Tensor();
   gathered_v_ = Tensor();
+  if (zero_) zero_->release_all();
+}
+
+std::vector<spec::ArenaRange> Trainer::weights_held() const {
+  return stage_ == 3 ? zero_->owned() : std::vector<spec::ArenaRange>{};
+}
+
+size_t Trainer::on_demand_resident_bytes() const {
+  size_t n = 0;
+  for (const PageReservation* r : {params_->param_pages(), params_->lowp_pages(), params_->grad_pages()})
+    if (r) n += r->resident_bytes();
+  return n;
+}
+
+void Trainer::weights_changed() {
+  const auto held = weights_held();
+  params_->refresh_lowp(held);
+  if (zero_) zero_->release_all();
 }
 
 double Trainer::dp_sum(double v) const {

@@ -11,10 +11,12 @@
 #include "loom/comm/process_group.h"
 #include "loom/kernels/backend.h"
 #include "loom/parallel/grad_buckets.h"
+#include "loom/parallel/zero_engine.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
 #include "loom/train/lr_schedule.h"
 #include "loom/train/run_config.h"
+#include "loom/train/step_hooks.h"
 #include "loom/train/token_source.h"
 
 namespace loom::train {
@@ -52,16 +54,27 @@ class Trainer {
   // must stay bitwise identical). Collective over the dp group; a no-op alone.
   void check_replicas(int64_t step);
 
-  // Optimizer moments of the whole arena, as a checkpoint stores them. Under ZeRO-1 each rank holds one
-  // shard: gather_optimizer_state() (collective over the dp group: every rank calls it before rank 0
-  // saves) assembles the full moments, release_optimizer_state() frees them again.
+  // Optimizer moments of the whole arena, as a checkpoint stores them. Under ZeRO each rank holds its
+  // pieces: gather_full_state() (collective over the dp group: every rank calls it before dp rank 0
+  // saves) assembles the full moments, and under ZeRO-3 the full weights, on dp rank 0 (the others
+  // send their pieces); release_full_state() gives that memory back.
   struct Moments {
     const float* m;
     const float* v;
   };
   Moments full_moments() const;
-  void gather_optimizer_state();
-  void release_optimizer_state();
+  void gather_full_state();
+  void release_full_state();
+  // The arena ranges whose weights this rank holds at rest: its pieces under ZeRO-3, else all (empty).
+  std::vector<spec::ArenaRange> weights_held() const;
+  // After weights were written from outside (a checkpoint, an import): refreshes the bf16 copies and,
+  // under ZeRO-3, drops whatever is not this rank's.
+  void weights_changed();
+  // Bytes of the on-demand arenas (ZeRO-2/3) backed by memory right now, as the kernel counts them: a
+  // check on the memory accounting.
+  size_t on_demand_resident_bytes() const;
+  // ZeRO stage in effect (0 alone or without ZeRO).
+  int zero_stage() const { return zero_ ? zero_->stage() : 0; }
   // Runs steps start_step()+1 .. train.steps, calling on_step after each; stops early (after the
   // step) when on_step returns false.
   void run(const std::function<bool(const StepMetrics&)>& on_step);
@@ -79,8 +92,6 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
-  void reduce_scatter_gradients();
-  void all_gather_parameters();
   // Sums a value over the dp group (identity alone).
   double dp_sum(double v) const;
 
@@ -88,14 +99,15 @@ class Trainer {
   kernels::Backend& backend_;
   comm::ProcessGroup* dp_;
   int dp_size_ = 1, dp_rank_ = 0;
-  std::unique_ptr<parallel::GradBuckets> buckets_;  // data parallelism without ZeRO
-  std::vector<size_t> shard_counts_;                // ZeRO-1: arena elements per dp rank's shard
-  Tensor gathered_m_, gathered_v_;                  // ZeRO-1: full moments while a checkpoint is saved
-  std::vector<int64_t> block_starts_;               // gradient-readiness boundaries (ParamTable::block_starts)
+  int stage_ = 0;                                   // ZeRO stage in effect (0 without dp)
   double peak_flops_;
   double flops_per_token_;
   std::unique_ptr<model::ParameterStore> params_;
   std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<parallel::GradBuckets> buckets_;  // data parallelism without ZeRO
+  std::unique_ptr<parallel::ZeroEngine> zero_;      // ZeRO-1/2/3
+  std::unique_ptr<StepHooks> hooks_;                // what dp does around each unit
+  Tensor gathered_m_, gathered_v_;                  // ZeRO: full moments while a checkpoint is saved
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
   std::unique_ptr<TokenSource> data_;

@@ -1,0 +1,37 @@
+// Address space reserved up front whose physical pages exist only once written and can be given back
+// while the addresses stay valid. ZeRO-3 keeps each parameter arena this way: every view into it stays
+// put, but only this rank's shard and the units gathered right now occupy memory (the CPU analogue of
+// mapping and unmapping device memory under a fixed virtual range).
+#pragma once
+
+#include <cstddef>
+
+namespace loom {
+
+class PageReservation {
+ public:
+  PageReservation() = default;
+  // Reserves `bytes` of zero-filled, not yet backed memory (nothing is charged to an Allocator: the
+  // owner accounts what it makes resident).
+  explicit PageReservation(size_t bytes);
+  ~PageReservation();
+  PageReservation(PageReservation&& other) noexcept;
+  PageReservation& operator=(PageReservation&& other) noexcept;
+  PageReservation(const PageReservation&) = delete;
+  PageReservation& operator=(const PageReservation&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  // Gives back every page lying wholly inside [offset, offset + bytes): those read as zero afterwards.
+  // Pages that straddle the range's ends keep their contents (a neighbour may be using them).
+  // Returns the bytes given back.
+  size_t release(size_t offset, size_t bytes);
+  // Bytes of the reservation that are backed by memory now (from mincore; for tests and reports).
+  size_t resident_bytes() const;
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace loom

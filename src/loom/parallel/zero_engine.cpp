@@ -1,0 +1,268 @@
+#include "loom/parallel/zero_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "loom/error.h"
+
+namespace loom::parallel {
+
+namespace {
+// Point-to-point tags of a checkpoint's weight gather (one per unit), clear of any other sender's.
+constexpr uint64_t kFullMastersTag = uint64_t{0x5A3} << 40;
+
+// Calls f(overlap) for every range of `ranges` (ascending) overlapping `r`, in order.
+template <class F>
+void for_each_overlap(const std::vector<ArenaRange>& ranges, const ArenaRange& r, F&& f) {
+  auto it = std::lower_bound(ranges.begin(), ranges.end(), r.begin,
+                             [](const ArenaRange& x, int64_t at) { return x.end <= at; });
+  for (; it != ranges.end() && it->begin < r.end; ++it) {
+    const ArenaRange o{std::max(it->begin, r.begin), std::min(it->end, r.end)};
+    if (o.size() > 0) f(o);
+  }
+}
+}  // namespace
+
+ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector<ArenaRange> f32_read,
+                       comm::ProcessGroup& dp, Allocator& alloc)
+    : plan_(std::move(plan)),
+      stage_(stage),
+      a_(arenas),
+      f32_(std::move(f32_read)),
+      dp_(dp),
+      alloc_(alloc),
+      rank_(dp.rank()) {
+  if (stage_ < 1 || stage_ > 3) throw ConfigError("ZeRO stage " + std::to_string(stage_) + " is not 1, 2 or 3");
+  if (plan_.dp() != dp.size())
+    throw Error("internal: ZeRO plan for " + std::to_string(plan_.dp()) + " ranks on a group of " +
+                std::to_string(dp.size()));
+  if ((stage_ == 3) != (a_.master_pages != nullptr) || (stage_ >= 2) != (a_.grad_pages != nullptr))
+    throw Error("internal: ZeRO-" + std::to_string(stage_) + " needs on-demand arenas exactly for what it shards");
+  const size_t n = plan_.units();
+  held_.assign(n, stage_ == 3 ? Held::Sharded : Held::Gathered);
+  charged_.assign(n, 0);
+  gather_.resize(n);
+  gather_f32_.resize(n);
+  f32_send_.resize(n);
+  f32_recv_.resize(n);
+  reducing_.resize(n);
+  scratch_.assign(n, false);
+  const int64_t own = plan_.local_size(rank_);
+  if (a_.master_pages) own_param_bytes_ = own * static_cast<int64_t>(sizeof(float) + (a_.lowp ? sizeof(bf16) : 0));
+  if (a_.grad_pages) own_grad_bytes_ = own * static_cast<int64_t>(sizeof(float));
+  charge(MemCategory::Parameters, own_param_bytes_);
+  charge(MemCategory::Gradients, own_grad_bytes_);
+}
+
+ZeroEngine::~ZeroEngine() {
+  // Collectives still under way write into the arenas and buffers: let them land before memory goes.
+  try {
+    for (auto& w : gather_) w.wait();
+    for (auto& w : gather_f32_) w.wait();
+    for (auto& ws : reducing_)
+      for (auto& w : ws) w.wait();
+  } catch (...) {  // the group reported the failure already; nothing to add while unwinding
+  }
+  for (size_t u = 0; u < plan_.units(); ++u) {
+    charge(MemCategory::Parameters, -charged_[u]);
+    if (scratch_[u]) {
+      const auto [before, after] = others(u);
+      charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+    }
+  }
+  charge(MemCategory::Parameters, -own_param_bytes_);
+  charge(MemCategory::Gradients, -own_grad_bytes_);
+}
+
+std::pair<ArenaRange, ArenaRange> ZeroEngine::others(size_t u) const {
+  const ArenaRange unit = plan_.unit(u), mine = plan_.piece(u, rank_);
+  return {{unit.begin, mine.begin}, {mine.end, unit.end}};
+}
+
+int64_t ZeroEngine::f32_within(const ArenaRange& r) const {
+  int64_t n = 0;
+  for_each_overlap(f32_, r, [&](const ArenaRange& o) { n += o.size(); });
+  return n;
+}
+
+void ZeroEngine::charge(MemCategory c, int64_t bytes) {
+  if (bytes != 0) alloc_.note_external(c, static_cast<ptrdiff_t>(bytes));
+}
+
+void ZeroEngine::wait(comm::Work& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w.wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ZeroEngine::prefetch(size_t u) {
+  if (stage_ < 3 || held_[u] != Held::Sharded) return;
+  if (full_masters_) throw Error("internal: ZeRO-3 weights gathered for a checkpoint were not released");
+  const ArenaRange unit = plan_.unit(u), mine = plan_.piece(u, rank_);
+  if (unit.size() == 0) {
+    held_[u] = Held::Gathered;
+    return;
+  }
+  const int64_t others_n = unit.size() - mine.size();
+  held_[u] = Held::InFlight;
+  const auto counts = plan_.counts(u);
+  if (!a_.lowp) {
+    charged_[u] = others_n * static_cast<int64_t>(sizeof(float));
+    charge(MemCategory::Parameters, charged_[u]);
+    gather_[u] = dp_.all_gather_v(a_.master + mine.begin, a_.master + unit.begin, counts, DType::F32);
+    return;
+  }
+  // bf16 mode: the bf16 copies GEMMs read travel (half the bytes of the masters); the few elements read
+  // in f32 (norms, biases, embeddings) travel exactly, packed, beside them.
+  std::vector<size_t> f32_counts(counts.size());
+  for (int r = 0; r < plan_.dp(); ++r) f32_counts[static_cast<size_t>(r)] = static_cast<size_t>(f32_within(plan_.piece(u, r)));
+  const int64_t f32_all = f32_within(unit), f32_mine = static_cast<int64_t>(f32_counts[static_cast<size_t>(rank_)]);
+  charged_[u] = others_n * static_cast<int64_t>(sizeof(bf16)) + (f32_all - f32_mine) * static_cast<int64_t>(sizeof(float));
+  charge(MemCategory::Parameters, charged_[u]);
+  gather_[u] = dp_.all_gather_v(a_.lowp + mine.begin, a_.lowp + unit.begin, counts, DType::BF16);
+  if (f32_all == 0) return;
+  f32_send_[u] = Buffer(alloc_, static_cast<size_t>(std::max<int64_t>(f32_mine, 1)) * sizeof(float), MemCategory::Communication);
+  f32_recv_[u] = Buffer(alloc_, static_cast<size_t>(f32_all) * sizeof(float), MemCategory::Communication);
+  auto* send = static_cast<float*>(f32_send_[u].data());
+  for_each_overlap(f32_, mine, [&](const ArenaRange& o) {
+    std::memcpy(send, a_.master + o.begin, static_cast<size_t>(o.size()) * sizeof(float));
+    send += o.size();
+  });
+  gather_f32_[u] = dp_.all_gather_v(f32_send_[u].data(), f32_recv_[u].data(), f32_counts, DType::F32);
+}
+
+void ZeroEngine::require(size_t u) {
+  if (stage_ < 3) return;
+  prefetch(u);
+  if (held_[u] != Held::InFlight) return;
+  wait(gather_[u]);
+  wait(gather_f32_[u]);
+  if (f32_recv_[u].data() != nullptr) {
+    // Ranks' packed f32 elements arrive in rank order, i.e. in arena order: unpack them in place.
+    const auto* recv = static_cast<const float*>(f32_recv_[u].data());
+    for_each_overlap(f32_, plan_.unit(u), [&](const ArenaRange& o) {
+      std::memcpy(a_.master + o.begin, recv, static_cast<size_t>(o.size()) * sizeof(float));
+      recv += o.size();
+    });
+    f32_send_[u] = Buffer();
+    f32_recv_[u] = Buffer();
+  }
+  held_[u] = Held::Gathered;
+}
+
+void ZeroEngine::release(size_t u) {
+  if (stage_ < 3 || held_[u] == Held::Sharded) return;
+  if (held_[u] == Held::InFlight) {  // never drop pages or buffers a collective is writing
+    wait(gather_[u]);
+    wait(gather_f32_[u]);
+  }
+  f32_send_[u] = Buffer();
+  f32_recv_[u] = Buffer();
+  const auto [before, after] = others(u);
+  for (const ArenaRange& r : {before, after}) {
+    a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float));
+    if (a_.lowp_pages)
+      a_.lowp_pages->release(static_cast<size_t>(r.begin) * sizeof(bf16), static_cast<size_t>(r.size()) * sizeof(bf16));
+  }
+  charge(MemCategory::Parameters, -charged_[u]);
+  charged_[u] = 0;
+  held_[u] = Held::Sharded;
+}
+
+void ZeroEngine::release_all() {
+  for (size_t u = 0; u < plan_.units(); ++u) release(u);
+  full_masters_ = false;
+}
+
+void ZeroEngine::gather_full_masters(int root) {
+  if (stage_ < 3) return;
+  release_all();
+  std::vector<comm::Work> works;
+  for (size_t u = 0; u < plan_.units(); ++u) {
+    const uint64_t tag = kFullMastersTag + u;
+    if (rank_ != root) {
+      const ArenaRange mine = plan_.piece(u, rank_);
+      if (mine.size() > 0)
+        works.push_back(dp_.send(a_.master + mine.begin, static_cast<size_t>(mine.size()), DType::F32, root, tag));
+      continue;
+    }
+    for (int r = 0; r < plan_.dp(); ++r) {
+      const ArenaRange p = plan_.piece(u, r);
+      if (r == root || p.size() == 0) continue;
+      charged_[u] += p.size() * static_cast<int64_t>(sizeof(float));
+      works.push_back(dp_.recv(a_.master + p.begin, static_cast<size_t>(p.size()), DType::F32, r, tag));
+    }
+  }
+  charge(MemCategory::Parameters, std::accumulate(charged_.begin(), charged_.end(), int64_t{0}));
+  for (auto& w : works) wait(w);
+  if (rank_ == root) {
+    std::fill(held_.begin(), held_.end(), Held::Gathered);
+    full_masters_ = true;  // the bf16 copies of other ranks' pieces were not gathered
+  }
+}
+
+void ZeroEngine::zero_unit_grads(size_t u) {
+  if (stage_ < 2) return;
+  if (!reducing_[u].empty()) finish_unit(u);  // the previous micro-batch's reduction reads these
+  const auto [before, after] = others(u);
+  for (const ArenaRange& r : {before, after})
+    if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
+  if (!scratch_[u]) charge(MemCategory::Gradients, (before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+  scratch_[u] = true;
+}
+
+void ZeroEngine::reduce_unit(size_t u) {
+  if (!reducing_[u].empty()) throw Error("internal: ZeRO unit " + std::to_string(u) + " reduced twice");
+  const ArenaRange unit = plan_.unit(u), rest = plan_.remainder(u);
+  const int64_t chunk = plan_.chunk(u);
+  float* g = a_.grads;
+  // Rank r's chunk of the sum lands in place, on its own piece of the arena.
+  if (chunk > 0)
+    reducing_[u].push_back(dp_.reduce_scatter(g + unit.begin, g + unit.begin + rank_ * chunk, static_cast<size_t>(chunk),
+                                              DType::F32, comm::ReduceOp::kSum));
+  if (rest.size() > 0)
+    reducing_[u].push_back(dp_.all_reduce(g + rest.begin, g + rest.begin, static_cast<size_t>(rest.size()), DType::F32,
+                                          comm::ReduceOp::kSum));
+  if (!reducing_[u].empty()) reduce_order_.push_back(u);
+}
+
+void ZeroEngine::finish_unit(size_t u) {
+  for (auto& w : reducing_[u]) wait(w);
+  reducing_[u].clear();
+  reduce_order_.erase(std::remove(reduce_order_.begin(), reduce_order_.end(), u), reduce_order_.end());
+  if (stage_ >= 2 && scratch_[u]) {
+    const auto [before, after] = others(u);
+    for (const ArenaRange& r : {before, after})
+      a_.grad_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float));
+    charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+    scratch_[u] = false;
+  }
+}
+
+void ZeroEngine::finish_all() {
+  const auto pending = reduce_order_;
+  for (size_t u : pending) finish_unit(u);
+  // Units whose reduction had nothing to send (empty) may still hold scratch pages.
+  for (size_t u = 0; u < plan_.units(); ++u)
+    if (scratch_[u]) finish_unit(u);
+}
+
+void ZeroEngine::zero_owned_grads() {
+  for (const ArenaRange& r : owned())
+    if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
+}
+
+void ZeroEngine::all_gather_masters() {
+  if (stage_ >= 3) return;
+  std::vector<comm::Work> works;
+  for (size_t u = 0; u < plan_.units(); ++u) {
+    const ArenaRange unit = plan_.unit(u), mine = plan_.piece(u, rank_);
+    if (unit.size() > 0)
+      works.push_back(dp_.all_gather_v(a_.master + mine.begin, a_.master + unit.begin, plan_.counts(u), DType::F32));
+  }
+  for (auto& w : works) wait(w);
+}
+
+}  // namespace loom::parallel

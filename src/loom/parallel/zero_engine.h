@@ -1,0 +1,107 @@
+// ZeRO's communication over the parameter arena, unit by unit (see ShardPlan): reduce-scattering each
+// unit's gradients into the ranks that own them, and under ZeRO-3 gathering each unit's weights just
+// before use and giving the pages back after. It works on the arenas' raw addresses, which stay fixed
+// for the run (ZeRO-3's arenas are reserved address space, backed only where written), and charges the
+// Allocator exactly what it keeps resident, so the memory report shows the sharding.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "loom/comm/process_group.h"
+#include "loom/core/allocator.h"
+#include "loom/core/bf16.h"
+#include "loom/core/page_reservation.h"
+#include "loom/parallel/shard_plan.h"
+
+namespace loom::parallel {
+
+struct ZeroArenas {
+  float* master = nullptr;  // f32 [total]
+  bf16* lowp = nullptr;     // bf16 [total] in bf16 mode, else nullptr
+  float* grads = nullptr;   // f32 [total]
+  // Reservations of the on-demand arenas (ZeRO-3: master and lowp; ZeRO-2/3: grads); nullptr otherwise.
+  PageReservation* master_pages = nullptr;
+  PageReservation* lowp_pages = nullptr;
+  PageReservation* grad_pages = nullptr;
+};
+
+class ZeroEngine {
+ public:
+  // stage: 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters). f32_read: the arena ranges
+  // (ascending) the model reads in f32 even in bf16 mode (norm gains, biases, embeddings): ZeRO-3
+  // gathers those exactly beside the bf16 copies, so every layout computes with the same values.
+  ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector<ArenaRange> f32_read, comm::ProcessGroup& dp,
+             Allocator& alloc);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  const ShardPlan& plan() const { return plan_; }
+  int stage() const { return stage_; }
+  int rank() const { return rank_; }
+  std::vector<ArenaRange> owned() const { return plan_.pieces(rank_); }
+
+  // ---- ZeRO-3 weights ----
+  // Issues the all-gather of unit u's weights (bf16 copies in bf16 mode) unless gathered or under way.
+  void prefetch(size_t u);
+  // Unit u's weights are readable on return (gathered, bf16 copies widened into the masters).
+  void require(size_t u);
+  // Gives back unit u's gathered pages; this rank's piece stays.
+  void release(size_t u);
+  void release_all();
+  // Every unit's exact f32 masters on dp rank `root` (a checkpoint is being written; the other ranks
+  // only send their pieces, so they need no memory for it); release_all() afterwards on every rank.
+  void gather_full_masters(int root);
+
+  // ---- gradients ----
+  // ZeRO-2/3, before unit u's gradients are first written in a micro-batch: clears the elements other
+  // ranks own (this rank's piece keeps accumulating across micro-batches).
+  void zero_unit_grads(size_t u);
+  // Issues the sum of unit u's gradients over the dp group into the owners' pieces.
+  void reduce_unit(size_t u);
+  // Waits for unit u's reduction; ZeRO-2/3 give the pages other ranks own back.
+  void finish_unit(size_t u);
+  // finish_unit for every unit reduced and not yet finished.
+  void finish_all();
+  // Clears this rank's gradient pieces (the accumulator), at the start of a step.
+  void zero_owned_grads();
+
+  // ---- ZeRO-1/2 after the optimizer step ----
+  // Every rank updated its pieces of the f32 masters; all of them need all of it.
+  void all_gather_masters();
+
+  // Wall seconds the calling thread spent waiting for this engine's collectives (cumulative).
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  enum class Held { Sharded, InFlight, Gathered };
+  // The parts of unit u this rank does not own (before and after its piece).
+  std::pair<ArenaRange, ArenaRange> others(size_t u) const;
+  // Elements of `r` the model reads in f32.
+  int64_t f32_within(const ArenaRange& r) const;
+  void charge(MemCategory c, int64_t bytes);
+  void wait(comm::Work& w);
+
+  ShardPlan plan_;
+  int stage_;
+  ZeroArenas a_;
+  std::vector<ArenaRange> f32_;
+  comm::ProcessGroup& dp_;
+  Allocator& alloc_;
+  int rank_;
+  int64_t own_param_bytes_ = 0, own_grad_bytes_ = 0;  // charged for this rank's pieces
+  std::vector<Held> held_;
+  std::vector<int64_t> charged_;                      // bytes charged for unit u's gathered weights
+  std::vector<comm::Work> gather_, gather_f32_;
+  // bf16 mode: the f32-read elements of a unit in flight, this rank's packed and everyone's gathered.
+  std::vector<Buffer> f32_send_, f32_recv_;
+  std::vector<std::vector<comm::Work>> reducing_;  // per unit, empty when finished
+  std::vector<bool> scratch_;                       // ZeRO-2/3: unit's non-owned gradients resident
+  std::vector<size_t> reduce_order_;                // units reduced and not finished, oldest first
+  bool full_masters_ = false;                       // gather_full_masters() ran here; lowp not gathered
+  double wait_seconds_ = 0;
+};
+
+}  // namespace loom::parallel

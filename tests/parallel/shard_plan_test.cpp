@@ -1,0 +1,77 @@
+// Which arena elements each data-parallel rank owns under ZeRO: the pure arithmetic behind the
+// reduce-scatters, the gathers and the optimizer's pieces.
+#include "loom/parallel/shard_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "loom/error.h"
+#include "loom/spec/param_table.h"
+
+namespace loom::parallel {
+namespace {
+
+TEST(ShardPlan, PiecesTileEveryUnitAndTheRemainderGoesToTheLastRank) {
+  std::mt19937 rng(20261203);  // seed logged by being fixed here
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int64_t> bounds{0};
+    const int units = 1 + static_cast<int>(rng() % 6);
+    for (int u = 0; u < units; ++u) bounds.push_back(bounds.back() + static_cast<int64_t>(rng() % 40));  // empty units too
+    const int dp = 1 + static_cast<int>(rng() % 5);
+    const ShardPlan plan(bounds, dp);
+    ASSERT_EQ(plan.units(), static_cast<size_t>(units));
+    std::vector<int> owner(static_cast<size_t>(bounds.back()), -1);
+    for (size_t u = 0; u < plan.units(); ++u) {
+      const ArenaRange unit = plan.unit(u);
+      int64_t covered = 0;
+      for (int r = 0; r < dp; ++r) {
+        const ArenaRange p = plan.piece(u, r);
+        EXPECT_EQ(p.begin, unit.begin + covered) << "pieces are in rank order, back to back";
+        covered += p.size();
+        if (r < dp - 1) {
+          EXPECT_EQ(p.size(), unit.size() / dp);
+        }
+        for (int64_t i = p.begin; i < p.end; ++i) owner[static_cast<size_t>(i)] = r;
+        EXPECT_EQ(plan.counts(u)[static_cast<size_t>(r)], static_cast<size_t>(p.size()));
+      }
+      EXPECT_EQ(covered, unit.size());
+      EXPECT_EQ(plan.remainder(u).size(), unit.size() % dp);
+      EXPECT_EQ(plan.remainder(u).end, unit.end);
+    }
+    for (int o : owner) EXPECT_GE(o, 0) << "every element has an owner";
+    for (int r = 0; r < dp; ++r) {
+      int64_t offset = 0;
+      for (size_t u = 0; u < plan.units(); ++u) {
+        EXPECT_EQ(plan.local_offset(u, r), offset);
+        offset += plan.piece(u, r).size();
+      }
+      EXPECT_EQ(plan.local_size(r), offset);
+      EXPECT_EQ(plan.pieces(r).size(), plan.units());
+    }
+  }
+}
+
+TEST(ShardPlan, UnitsFollowTheModelsBlocks) {
+  spec::TransformerConfig cfg = spec::preset("tiny");
+  const auto table = spec::build_param_table(cfg);
+  const auto starts = table.block_starts(cfg.n_layers);
+  const auto bounds = unit_bounds_from_blocks(starts, table.total_numel());
+  ASSERT_EQ(bounds.size(), static_cast<size_t>(cfg.n_layers) + 3);  // embeddings, L blocks, head
+  const ShardPlan plan(bounds, 4);
+  EXPECT_EQ(plan.unit(0), (ArenaRange{0, starts[0]}));
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    EXPECT_EQ(plan.unit(static_cast<size_t>(l) + 1), (ArenaRange{starts[l], starts[l + 1]}));
+  EXPECT_EQ(plan.unit(plan.units() - 1).end, table.total_numel());
+  // Blocks are all alike: the largest unit is a block or the embeddings.
+  EXPECT_EQ(plan.largest_unit(), std::max(plan.unit(0).size(), plan.unit(1).size()));
+}
+
+TEST(ShardPlan, RefusesNoRanksAndUnorderedBounds) {
+  EXPECT_THROW(ShardPlan({0, 10}, 0), ConfigError);
+  EXPECT_THROW(ShardPlan({0, 10, 5}, 2), Error);
+  EXPECT_THROW(ShardPlan({3, 10}, 2), Error);
+}
+
+}  // namespace
+}  // namespace loom::parallel
