@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data parallelism on one machine (issue 5's target): `mini`, dp=2 ranks of 1 thread against one rank of
 # 2 threads, with gradient buckets overlapped with backward, with one all-reduce after backward, and each
-# ZeRO stage. Alternates the runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N)
+# ZeRO stage (ZeRO-3 also with pages given back eagerly). Alternates the runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N)
 # and rank 0's peak model-state memory (weights + gradients + optimizer, MiB).
 #   bash bench/dp_vs_threads.sh [rounds] [steps] [build-dir]
 set -euo pipefail
@@ -15,14 +15,15 @@ cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 declare -A results state
-runs=("dp1 1 4096 0" "dp2-buckets 2 4096 0" "dp2-after-backward 2 0 0" "dp2-zero1 2 4096 1" "dp2-zero2 2 4096 2"
-      "dp2-zero3 2 4096 3")
+runs=("dp1 1 4096 0 lazy" "dp2-buckets 2 4096 0 lazy" "dp2-after-backward 2 0 0 lazy" "dp2-zero1 2 4096 1 lazy"
+      "dp2-zero2 2 4096 2 lazy" "dp2-zero3 2 4096 3 lazy" "dp2-zero3-eager 2 4096 3 eager")
 for ((r = 1; r <= rounds; r++)); do
   for run in "${runs[@]}"; do
     set -- $run
     rm -rf "$tmp/ck"
     read -r tps mib < <("$loom" run -n "$2" -- "$loom" train --config configs/mini.toml --set parallel.dp="$2" \
-      --set parallel.bucket_kb="$3" --set parallel.zero="$4" --set train.steps="$steps" --set train.eval_every=0 \
+      --set parallel.bucket_kb="$3" --set parallel.zero="$4" --set parallel.zero_release="$5" \
+      --set train.steps="$steps" --set train.eval_every=0 --set checkpoint.save_every=0 \
       --set train.out_dir="$tmp/out" --save-dir "$tmp/ck" --quiet --json | tail -1 |
       python3 -c 'import json,sys; j=json.load(sys.stdin); p=j["peak_bytes_by_category"]
 print(round(j["tokens_per_s"]), round((p["parameters"]+p["gradients"]+p["optimizer"])/2**20, 1))')

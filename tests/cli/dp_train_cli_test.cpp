@@ -197,8 +197,8 @@ TEST(DataParallelCli, ZeroOneKeepsOneShardOfTheOptimizerStatePerRank) {
 // Issue 5's memory rule for ZeRO-3 on an 8-layer model with a small vocabulary: at dp=4 each rank's
 // parameter + gradient + optimizer peak is at most 1/dp of one rank's, plus the two largest gathered
 // units (weights and gradients), plus 5%; ZeRO-2's gradient peak at most 1/dp plus two units' gradients.
-// And what the accounting claims is what the kernel has backed: at rest, each on-demand arena holds
-// this rank's pieces and no more than a page more per unit boundary.
+// And what the accounting claims is what the kernel has backed: at rest, with pages given back eagerly,
+// each on-demand arena holds this rank's pieces and no more than a page more per unit boundary.
 TEST(DataParallelCli, ZeroThreeHoldsOneShardOfTheModelStatePerRank) {
   const std::string model = " --set model.n_layers=8 --set model.d_model=128 --set model.d_ff=512"
                             " --set model.vocab_size=256 --set model.n_heads=4";
@@ -211,6 +211,7 @@ TEST(DataParallelCli, ZeroThreeHoldsOneShardOfTheModelStatePerRank) {
     auto r = run_loom("run -n " + std::to_string(ranks) + " -- loom train --config " LOOM_SOURCE_DIR
                       "/configs/tiny.toml --quiet --json --set checkpoint.save_every=0 --set train.steps=2 "
                       "--set train.eval_every=1 --set train.batch_size=8 --set train.micro_batch_size=1 "
+                      "--set parallel.zero_release=eager "
                       "--set parallel.dp=" + std::to_string(ranks) + " --set parallel.zero=" + std::to_string(zero) +
                       model + " --set train.out_dir=" + (dir / "out").string());
     EXPECT_EQ(r.rc, 0) << r.err;
@@ -329,6 +330,8 @@ TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   EXPECT_THAT(r.err, HasSubstr("tp=2 pp=1 cp=1 ep=1 is not supported yet"));
   r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.zero=4");
   EXPECT_THAT(r.err, HasSubstr("parallel.zero = 4 is not a ZeRO stage"));
+  r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.zero_release=soon");
+  EXPECT_THAT(r.err, HasSubstr("parallel.zero_release = \"soon\" is not a release mode (\"lazy\" or \"eager\")"));
 }
 
 }  // namespace

@@ -94,6 +94,10 @@ TEST(PageReservation, BacksPagesOnWriteAndGivesBackOnlyWholePagesInsideARange) {
   EXPECT_EQ(f[10 * per_page + 1], 1.0f + static_cast<float>(10 * per_page + 1));
   EXPECT_EQ(r.release(page + 10, 100), 0u) << "less than a page inside: nothing to give back";
   EXPECT_THROW(r.release(n - page, 2 * page), Error);
+  // Lazily given-back pages stay usable: the next write simply keeps them.
+  EXPECT_EQ(r.release(20 * page, 4 * page, PageReservation::Release::Lazy), 4 * page);
+  f[20 * per_page] = 7.0f;
+  EXPECT_EQ(f[20 * per_page], 7.0f);
   PageReservation moved = std::move(r);
   EXPECT_EQ(moved.data(), static_cast<void*>(f));
   EXPECT_EQ(r.data(), nullptr);

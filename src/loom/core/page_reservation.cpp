@@ -48,7 +48,7 @@ PageReservation& PageReservation::operator=(PageReservation&& other) noexcept {
   return *this;
 }
 
-size_t PageReservation::release(size_t offset, size_t bytes) {
+size_t PageReservation::release(size_t offset, size_t bytes, Release how) {
   if (ptr_ == nullptr || bytes == 0) return 0;
   if (offset + bytes > bytes_)
     throw Error("internal: page release [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
@@ -58,8 +58,11 @@ size_t PageReservation::release(size_t offset, size_t bytes) {
   const size_t last = (offset + bytes) / page * page;
   if (last <= first) return 0;
   // MADV_DONTNEED on private anonymous memory frees the pages at once; the next read sees zeros.
-  if (::madvise(static_cast<char*>(ptr_) + first, last - first, MADV_DONTNEED) != 0)
-    throw Error(std::string("madvise(MADV_DONTNEED) failed: ") + std::strerror(errno));
+  // MADV_FREE leaves them mapped until the kernel needs memory (Linux >= 4.5).
+  const int advice = how == Release::Eager ? MADV_DONTNEED : MADV_FREE;
+  if (::madvise(static_cast<char*>(ptr_) + first, last - first, advice) != 0)
+    throw Error(std::string("madvise(") + (how == Release::Eager ? "MADV_DONTNEED" : "MADV_FREE") +
+                ") failed: " + std::strerror(errno));
   return last - first;
 }
 

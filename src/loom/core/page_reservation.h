@@ -22,10 +22,14 @@ class PageReservation {
 
   void* data() const { return ptr_; }
   size_t size() const { return bytes_; }
-  // Gives back every page lying wholly inside [offset, offset + bytes): those read as zero afterwards.
-  // Pages that straddle the range's ends keep their contents (a neighbour may be using them).
-  // Returns the bytes given back.
-  size_t release(size_t offset, size_t bytes);
+  // How pages are given back. Eager (MADV_DONTNEED): freed at once and read as zero afterwards; the
+  // next write page-faults and the kernel zero-fills. Lazy (MADV_FREE): the kernel frees them only when
+  // memory runs short, so a reuse before then costs nothing; their contents are undefined meanwhile
+  // and they still count as resident.
+  enum class Release { Eager, Lazy };
+  // Gives back every page lying wholly inside [offset, offset + bytes). Pages that straddle the range's
+  // ends keep their contents (a neighbour may be using them). Returns the bytes given back.
+  size_t release(size_t offset, size_t bytes, Release how = Release::Eager);
   // Bytes of the reservation that are backed by memory now (from mincore; for tests and reports).
   size_t resident_bytes() const;
 

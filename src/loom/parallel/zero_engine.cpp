@@ -26,13 +26,14 @@ void for_each_overlap(const std::vector<ArenaRange>& ranges, const ArenaRange& r
 }  // namespace
 
 ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector<ArenaRange> f32_read,
-                       comm::ProcessGroup& dp, Allocator& alloc)
+                       comm::ProcessGroup& dp, Allocator& alloc, profile::Tracer* tracer)
     : plan_(std::move(plan)),
       stage_(stage),
       a_(arenas),
       f32_(std::move(f32_read)),
       dp_(dp),
       alloc_(alloc),
+      tracer_(tracer),
       rank_(dp.rank()) {
   if (stage_ < 1 || stage_ > 3) throw ConfigError("ZeRO stage " + std::to_string(stage_) + " is not 1, 2 or 3");
   if (plan_.dp() != dp.size())
@@ -91,7 +92,12 @@ void ZeroEngine::charge(MemCategory c, int64_t bytes) {
   if (bytes != 0) alloc_.note_external(c, static_cast<ptrdiff_t>(bytes));
 }
 
-void ZeroEngine::wait(comm::Work& w) {
+void ZeroEngine::wait(comm::Work& w, const char* what) {
+  if (w.test()) {  // finished already (or never issued): nothing exposed
+    w.wait();      // rethrows a failure
+    return;
+  }
+  profile::Span span(tracer_, what, profile::Category::Communication);
   const auto t0 = std::chrono::steady_clock::now();
   w.wait();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -137,8 +143,8 @@ void ZeroEngine::require(size_t u) {
   if (stage_ < 3) return;
   prefetch(u);
   if (held_[u] != Held::InFlight) return;
-  wait(gather_[u]);
-  wait(gather_f32_[u]);
+  wait(gather_[u], "zero_gather_wait");
+  wait(gather_f32_[u], "zero_gather_wait");
   if (f32_recv_[u].data() != nullptr) {
     // Ranks' packed f32 elements arrive in rank order, i.e. in arena order: unpack them in place.
     const auto* recv = static_cast<const float*>(f32_recv_[u].data());
@@ -155,16 +161,18 @@ void ZeroEngine::require(size_t u) {
 void ZeroEngine::release(size_t u) {
   if (stage_ < 3 || held_[u] == Held::Sharded) return;
   if (held_[u] == Held::InFlight) {  // never drop pages or buffers a collective is writing
-    wait(gather_[u]);
-    wait(gather_f32_[u]);
+    wait(gather_[u], "zero_gather_wait");
+    wait(gather_f32_[u], "zero_gather_wait");
   }
   f32_send_[u] = Buffer();
   f32_recv_[u] = Buffer();
   const auto [before, after] = others(u);
   for (const ArenaRange& r : {before, after}) {
-    a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float));
+    a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
+                             a_.release);
     if (a_.lowp_pages)
-      a_.lowp_pages->release(static_cast<size_t>(r.begin) * sizeof(bf16), static_cast<size_t>(r.size()) * sizeof(bf16));
+      a_.lowp_pages->release(static_cast<size_t>(r.begin) * sizeof(bf16), static_cast<size_t>(r.size()) * sizeof(bf16),
+                             a_.release);
   }
   charge(MemCategory::Parameters, -charged_[u]);
   charged_[u] = 0;
@@ -196,7 +204,7 @@ void ZeroEngine::gather_full_masters(int root) {
     }
   }
   charge(MemCategory::Parameters, std::accumulate(charged_.begin(), charged_.end(), int64_t{0}));
-  for (auto& w : works) wait(w);
+  for (auto& w : works) wait(w, "zero_checkpoint_gather");
   if (rank_ == root) {
     std::fill(held_.begin(), held_.end(), Held::Gathered);
     full_masters_ = true;  // the bf16 copies of other ranks' pieces were not gathered
@@ -229,13 +237,14 @@ void ZeroEngine::reduce_unit(size_t u) {
 }
 
 void ZeroEngine::finish_unit(size_t u) {
-  for (auto& w : reducing_[u]) wait(w);
+  for (auto& w : reducing_[u]) wait(w, "zero_reduce_wait");
   reducing_[u].clear();
   reduce_order_.erase(std::remove(reduce_order_.begin(), reduce_order_.end(), u), reduce_order_.end());
   if (stage_ >= 2 && scratch_[u]) {
     const auto [before, after] = others(u);
     for (const ArenaRange& r : {before, after})
-      a_.grad_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float));
+      a_.grad_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
+                             a_.release);
     charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
     scratch_[u] = false;
   }
@@ -262,7 +271,7 @@ void ZeroEngine::all_gather_masters() {
     if (unit.size() > 0)
       works.push_back(dp_.all_gather_v(a_.master + mine.begin, a_.master + unit.begin, plan_.counts(u), DType::F32));
   }
-  for (auto& w : works) wait(w);
+  for (auto& w : works) wait(w, "zero_all_gather_wait");
 }
 
 }  // namespace loom::parallel

@@ -14,6 +14,7 @@
 #include "loom/core/bf16.h"
 #include "loom/core/page_reservation.h"
 #include "loom/parallel/shard_plan.h"
+#include "loom/profile/tracer.h"
 
 namespace loom::parallel {
 
@@ -25,6 +26,8 @@ struct ZeroArenas {
   PageReservation* master_pages = nullptr;
   PageReservation* lowp_pages = nullptr;
   PageReservation* grad_pages = nullptr;
+  // How pages are given back (parallel.zero_release).
+  PageReservation::Release release = PageReservation::Release::Lazy;
 };
 
 class ZeroEngine {
@@ -33,7 +36,7 @@ class ZeroEngine {
   // (ascending) the model reads in f32 even in bf16 mode (norm gains, biases, embeddings): ZeRO-3
   // gathers those exactly beside the bf16 copies, so every layout computes with the same values.
   ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector<ArenaRange> f32_read, comm::ProcessGroup& dp,
-             Allocator& alloc);
+             Allocator& alloc, profile::Tracer* tracer = nullptr);
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -82,7 +85,8 @@ class ZeroEngine {
   // Elements of `r` the model reads in f32.
   int64_t f32_within(const ArenaRange& r) const;
   void charge(MemCategory c, int64_t bytes);
-  void wait(comm::Work& w);
+  // Waits for w; the time is exposed communication (a span named `what` in the trace).
+  void wait(comm::Work& w, const char* what);
 
   ShardPlan plan_;
   int stage_;
@@ -90,6 +94,7 @@ class ZeroEngine {
   std::vector<ArenaRange> f32_;
   comm::ProcessGroup& dp_;
   Allocator& alloc_;
+  profile::Tracer* tracer_;
   int rank_;
   int64_t own_param_bytes_ = 0, own_grad_bytes_ = 0;  // charged for this rank's pieces
   std::vector<Held> held_;

@@ -143,6 +143,10 @@ const std::vector<Field>& fields() {
       LOOM_INT("parallel.zero", parallel.zero, "ZeRO stage 0-3"),
       LOOM_INT("parallel.bucket_kb", parallel.bucket_kb,
                "KiB of gradients per data-parallel all-reduce, issued during backward (0: one after backward)"),
+      LOOM_STRING("parallel.zero_release", parallel.zero_release,
+                  "how ZeRO-2/3 give back the pages of gathered weights and gradient scratch: \"lazy\" (the kernel "
+                  "reclaims them when memory runs short; no page faults on reuse) or \"eager\" (at once: the "
+                  "resident size follows the sharding, every reuse page-faults)"),
   };
   return f;
 }
@@ -283,6 +287,8 @@ void RunConfig::validate() const {
   need(degree_ok(p.dp) && degree_ok(p.tp) && degree_ok(p.pp) && degree_ok(p.cp) && degree_ok(p.ep),
        "parallel degrees must be 1..65536 (dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) +
            " ep=" + s(p.ep) + ")");
+  need(p.zero_release == "lazy" || p.zero_release == "eager",
+       "parallel.zero_release = \"" + p.zero_release + "\" is not a release mode (\"lazy\" or \"eager\")");
   need(p.zero >= 0 && p.zero <= 3, "parallel.zero = " + s(p.zero) + " is not a ZeRO stage (0, 1, 2 or 3)");
   need(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +

@@ -58,11 +58,14 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
     parallel::ZeroArenas arenas{params_->master().data<float>(),
                                 params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
                                 params_->grads().data<float>(), params_->param_pages(), params_->lowp_pages(),
-                                params_->grad_pages()};
+                                params_->grad_pages(),
+                                cfg_.parallel.zero_release == "eager" ? PageReservation::Release::Eager
+                                                                      : PageReservation::Release::Lazy};
     std::vector<spec::ArenaRange> f32_read;
     for (const auto& p : params_->table().params())
       if (!p.gemm_only) f32_read.push_back({p.offset, p.offset + p.numel()});
-    zero_ = std::make_unique<parallel::ZeroEngine>(std::move(*plan), stage_, arenas, std::move(f32_read), *dp_, alloc);
+    zero_ = std::make_unique<parallel::ZeroEngine>(std::move(*plan), stage_, arenas, std::move(f32_read), *dp_, alloc,
+                                                   backend_.tracer());
   }
   if (dp_) {
     hooks_ = std::make_unique<StepHooks>(L, buckets_.get(), block_starts, zero_.get());
@@ -115,10 +118,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     buckets_->finish();
     exposed += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   }
-  if (zero_) {
-    profile::Span span(tracer, "zero_reduce_wait", profile::Category::Communication);
-    zero_->finish_all();
-  }
+  if (zero_) zero_->finish_all();
   if (dp_) loss_sum = dp_sum(loss_sum);
   if (zero_) {  // each rank holds the summed gradient of its pieces only
     norm = std::sqrt(dp_sum(grad_sum_squares(*params_, optimizer_->pieces())));
@@ -132,8 +132,6 @@ StepMetrics Trainer::train_step(int64_t step) {
   if (zero_ && stage_ < 3) {
     // ZeRO-1/2: each rank updated its pieces of the weights; every replica needs all of them. (ZeRO-3
     // gathers each unit when the next forward reaches it.)
-    profile::Span span(tracer, "zero_all_gather", profile::Category::Communication, 0,
-                       static_cast<double>(params_->master().numel()) * 4);
     zero_->all_gather_masters();
     params_->refresh_lowp();
   }
