@@ -25,6 +25,16 @@ std::vector<double> losses(const std::filesystem::path& dir) {
   return out;
 }
 
+std::vector<double> val_losses(const std::filesystem::path& dir) {
+  std::vector<double> out;
+  std::ifstream f(dir / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) out.push_back(j["val_loss"].get<double>());
+  }
+  return out;
+}
+
 // Trains `ranks` ranks with parallel.dp = ranks; returns the run folder (metrics + final checkpoint).
 std::filesystem::path train_dp(const std::string& name, int ranks, const std::string& sets, const std::string& extra = "") {
   auto dir = scratch_dir(name);
@@ -133,6 +143,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"llama", "--set model.preset=tiny-llama --set precision=fp32", 1e-5},
                       Layout{"bf16", "--set precision=bf16", 1e-2}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Validation covers the same samples whatever the layout and micro-batch size, so its loss is comparable
+// between runs (and every ZeRO-3 rank runs as many forwards as the others).
+TEST(DataParallelCli, ValidationIsTheSameSamplesUnderEveryLayout) {
+  const std::string sets = "--set train.steps=4 --set train.batch_size=6 --set train.eval_every=2 --set train.eval_batches=3";
+  auto one = train_dp("val-dp1", 1, sets + " --set train.micro_batch_size=6");
+  auto three = train_dp("val-dp3z3", 3, sets + " --set train.micro_batch_size=2 --set parallel.zero=3");
+  auto two = train_dp("val-dp2", 2, sets + " --set train.micro_batch_size=1");
+  const auto base = val_losses(one / "out");
+  ASSERT_EQ(base.size(), 2u);
+  EXPECT_LT(max_rel_diff(base, val_losses(three / "out")), 1e-6);
+  EXPECT_LT(max_rel_diff(base, val_losses(two / "out")), 1e-6);
+}
 
 TEST(DataParallelCli, ResumingFromItsOwnCheckpointIsBitwiseIdentical) {
   const std::string sets = "--set train.steps=8 --set train.micro_batch_size=2 --set train.eval_every=0";

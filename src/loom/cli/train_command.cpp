@@ -112,6 +112,8 @@ int run_train(const TrainOptions& o) {
   }
   train::Trainer trainer(cfg, backend, peak.flops_per_s, mesh ? mesh->group(spec::MeshAxis::DP) : nullptr);
   say("data: " + trainer.data().describe());
+  if (o.check_replicas > 0 && trainer.zero_stage() == 3)
+    say("note: --check-replicas has nothing to compare under parallel.zero = 3 (no state is replicated); skipped");
   const bool resuming = resuming_run;
   train::CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming);
   if (resuming) {

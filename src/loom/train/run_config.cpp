@@ -122,7 +122,7 @@ const std::vector<Field>& fields() {
       LOOM_DOUBLE("train.weight_decay", train.weight_decay, "decoupled weight decay (matrices only)"),
       LOOM_DOUBLE("train.grad_clip", train.grad_clip, "max global gradient norm (0: no clipping)"),
       LOOM_INT("train.eval_every", train.eval_every, "steps between validation losses (0: never)"),
-      LOOM_INT("train.eval_batches", train.eval_batches, "micro-batches per validation"),
+      LOOM_INT("train.eval_batches", train.eval_batches, "batches (of train.batch_size samples) per validation; the same samples under every layout"),
       LOOM_INT("train.log_every", train.log_every, "steps between progress lines"),
       Field{"train.threads", "integer", "compute threads (0: all cores; LOOM_THREADS overrides)",
             [](RunConfig& c, const toml::node& n) { c.train.threads = static_cast<int>(as_int(n, "train.threads")); },

@@ -171,18 +171,19 @@ void Trainer::check_finite_gradients(int64_t step) const {
 
 double Trainer::evaluate() {
   profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
-  double sum = 0;
   if (hooks_) hooks_->set_mode(false, false);
-  // dp ranks split the batches. Under ZeRO-3 every forward gathers weights collectively, so every rank
-  // runs the same number of them; a rank past the end repeats batch 0 and discards the result.
-  const int64_t n = cfg_.train.eval_batches;
-  const int64_t rounds = stage_ == 3 ? (n + dp_size_ - 1) / dp_size_ : 0;
-  for (int64_t k = 0, i = dp_rank_; i < n || k < rounds; ++k, i += dp_size_) {
-    data_->fill(tokens_, targets_, (i < n ? i : 0) * cfg_.micro_batch(), Split::Validation);
-    const double loss = model_->forward(ctx_, tokens_, targets_, 0.0f);
-    if (i < n) sum += loss;
-  }
-  return dp_sum(sum) / static_cast<double>(n);
+  // The validation set is the first eval_batches x batch_size samples of the validation split whatever
+  // the layout: each dp rank takes its share of every batch, as in training, in micro-batches of its
+  // size. So every layout evaluates the same samples, and every rank runs the same number of forwards
+  // (ZeRO-3 gathers weights collectively in each).
+  const int64_t B = cfg_.train.batch_size, mb = cfg_.micro_batch(), share = B / dp_size_;
+  double sum = 0;  // of micro-batch mean losses: all hold mb x T targets, so their mean is the mean loss
+  for (int64_t b = 0; b < cfg_.train.eval_batches; ++b)
+    for (int64_t m = 0; m < share / mb; ++m) {
+      data_->fill(tokens_, targets_, b * B + dp_rank_ * share + m * mb, Split::Validation);
+      sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
+    }
+  return dp_sum(sum) / static_cast<double>(cfg_.train.eval_batches * (B / mb));
 }
 
 void Trainer::check_replicas(int64_t step) {

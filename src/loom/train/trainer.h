@@ -47,7 +47,8 @@ class Trainer {
 
   // Runs one optimizer step (step counts from 1).
   StepMetrics train_step(int64_t step);
-  // Mean loss over train.eval_batches validation micro-batches.
+  // Mean loss over the first train.eval_batches x train.batch_size validation samples (the same set
+  // under every layout and micro-batch size).
   double evaluate();
   // Data parallelism: hashes this replica's weights and optimizer state, compares the hashes across the
   // dp group and throws NumericError naming the first rank that differs from dp rank 0 (replicas
