@@ -112,18 +112,18 @@ GroupStats ProcessGroup::stats() const {
   return s;
 }
 
-RegisteredBuffer ProcessGroup::register_buffer(size_t bytes) {
+RegisteredBuffer ProcessGroup::register_buffer(size_t bytes, MemCategory category) {
   auto block = transport_->arena_allocate(bytes);
   if (!block)
     throw CommError(fmt::format("rank {}: cannot register {:.1f} MiB of communication memory: group {}'s arena is full "
                                 "(raise LOOM_COMM_ARENA_MB; an MPI group's arena stops at 256 MiB)",
                                 ranks_[rank_], bytes / 1048576.0, id_));
-  if (accounting_) accounting_->note_external(MemCategory::Communication, static_cast<ptrdiff_t>(bytes));
+  if (accounting_) accounting_->note_external(category, static_cast<ptrdiff_t>(bytes));
   RegisteredBuffer b;
   b.bytes_ = *block;
-  b.release_ = [this](std::span<std::byte> blk) {
+  b.release_ = [this, category](std::span<std::byte> blk) {
     transport_->arena_free(blk);
-    if (accounting_) accounting_->note_external(MemCategory::Communication, -static_cast<ptrdiff_t>(blk.size()));
+    if (accounting_) accounting_->note_external(category, -static_cast<ptrdiff_t>(blk.size()));
   };
   return b;
 }

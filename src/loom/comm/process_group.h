@@ -103,8 +103,9 @@ class ProcessGroup {
   // A negative color joins no group and gets nullptr.
   std::unique_ptr<ProcessGroup> split(int color, int key);
 
-  // Throws CommError when the arena cannot hold `bytes` (LOOM_COMM_ARENA_MB sets its size).
-  RegisteredBuffer register_buffer(size_t bytes);
+  // Throws CommError when the arena cannot hold `bytes` (LOOM_COMM_ARENA_MB sets its size). The bytes
+  // are accounted under `category` (a gradient arena placed here is still gradients).
+  RegisteredBuffer register_buffer(size_t bytes, MemCategory category = MemCategory::Communication);
 
   GroupStats stats() const;
 

@@ -30,7 +30,12 @@ ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allo
     : table_(std::move(table)), precision_(precision) {
   const int64_t n = table_.total_numel();
   master_ = make_arena(n, DType::F32, alloc, MemCategory::Parameters, backing.params_on_demand, master_pages_);
-  grads_ = make_arena(n, DType::F32, alloc, MemCategory::Gradients, backing.grads_on_demand, grad_pages_);
+  if (backing.grads_memory) {
+    grads_ = Tensor::wrap(backing.grads_memory, {n}, DType::F32);
+    grads_.fill_zero();
+  } else {
+    grads_ = make_arena(n, DType::F32, alloc, MemCategory::Gradients, backing.grads_on_demand, grad_pages_);
+  }
   if (precision_ == Precision::BF16)
     lowp_ = make_arena(n, DType::BF16, alloc, MemCategory::Parameters, backing.params_on_demand, lowp_pages_);
 }

@@ -26,6 +26,10 @@ const char* precision_name(Precision p);
 struct ArenaBacking {
   bool params_on_demand = false;  // master and bf16 copies
   bool grads_on_demand = false;
+  // Memory for the gradient arena provided by the caller (the dp group's registered communication
+  // memory, which collectives read in place): total_numel() floats that outlive the store. Zeroed
+  // here, not charged here.
+  float* grads_memory = nullptr;
 };
 
 class ParameterStore {

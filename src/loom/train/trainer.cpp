@@ -41,8 +41,17 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   if (stage_ >= 1) plan.emplace(parallel::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
   const std::vector<spec::ArenaRange> mine = plan ? plan->pieces(dp_rank_) : std::vector<spec::ArenaRange>{};
   // ZeRO-3 reserves the weight arenas and backs only this rank's pieces; ZeRO-2/3 likewise the gradients.
-  params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc,
-                                                    model::ArenaBacking{stage_ == 3, stage_ >= 2});
+  model::ArenaBacking backing{stage_ == 3, stage_ >= 2, nullptr};
+  if (dp_ && stage_ <= 1) {
+    const size_t bytes = static_cast<size_t>(table.total_numel()) * sizeof(float);
+    try {
+      registered_grads_ = dp_->register_buffer(bytes, MemCategory::Gradients);
+      backing.grads_memory = registered_grads_.as<float>();
+    } catch (const CommError&) {
+      // The group's arena is full (LOOM_COMM_ARENA_MB): plain memory works, with one staging copy more.
+    }
+  }
+  params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc, backing);
   if (stage_ == 3)
     params_->initialize(cfg_.train.seed, mine);
   else

@@ -101,6 +101,10 @@ class Trainer {
   comm::ProcessGroup* dp_;
   int dp_size_ = 1, dp_rank_ = 0;
   int stage_ = 0;                                   // ZeRO stage in effect (0 without dp)
+  // DDP / ZeRO-1: the gradient arena in the dp group's registered memory, so the reductions read it in
+  // place instead of staging a copy (plain memory when the group's arena has no room). Declared before
+  // params_ so it outlives the views into it.
+  comm::RegisteredBuffer registered_grads_;
   double peak_flops_;
   double flops_per_token_;
   std::unique_ptr<model::ParameterStore> params_;
