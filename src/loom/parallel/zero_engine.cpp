@@ -88,6 +88,16 @@ int64_t ZeroEngine::f32_within(const ArenaRange& r) const {
   return n;
 }
 
+ZeroEngine::Scratch ZeroEngine::scratch(size_t bytes) {
+  Scratch s;
+  try {
+    s.registered = dp_.register_buffer(bytes);
+  } catch (const CommError&) {  // the group's arena is full: plain memory works, with a staging copy
+    s.plain = Buffer(alloc_, bytes, MemCategory::Communication);
+  }
+  return s;
+}
+
 void ZeroEngine::charge(MemCategory c, int64_t bytes) {
   if (bytes != 0) alloc_.note_external(c, static_cast<ptrdiff_t>(bytes));
 }
@@ -129,8 +139,8 @@ void ZeroEngine::prefetch(size_t u) {
   charge(MemCategory::Parameters, charged_[u]);
   gather_[u] = dp_.all_gather_v(a_.lowp + mine.begin, a_.lowp + unit.begin, counts, DType::BF16);
   if (f32_all == 0) return;
-  f32_send_[u] = Buffer(alloc_, static_cast<size_t>(std::max<int64_t>(f32_mine, 1)) * sizeof(float), MemCategory::Communication);
-  f32_recv_[u] = Buffer(alloc_, static_cast<size_t>(f32_all) * sizeof(float), MemCategory::Communication);
+  f32_send_[u] = scratch(static_cast<size_t>(std::max<int64_t>(f32_mine, 1)) * sizeof(float));
+  f32_recv_[u] = scratch(static_cast<size_t>(f32_all) * sizeof(float));
   auto* send = static_cast<float*>(f32_send_[u].data());
   for_each_overlap(f32_, mine, [&](const ArenaRange& o) {
     std::memcpy(send, a_.master + o.begin, static_cast<size_t>(o.size()) * sizeof(float));
@@ -152,8 +162,8 @@ void ZeroEngine::require(size_t u) {
       std::memcpy(a_.master + o.begin, recv, static_cast<size_t>(o.size()) * sizeof(float));
       recv += o.size();
     });
-    f32_send_[u] = Buffer();
-    f32_recv_[u] = Buffer();
+    f32_send_[u] = Scratch();
+    f32_recv_[u] = Scratch();
   }
   held_[u] = Held::Gathered;
 }
@@ -164,8 +174,8 @@ void ZeroEngine::release(size_t u) {
     wait(gather_[u], "zero_gather_wait");
     wait(gather_f32_[u], "zero_gather_wait");
   }
-  f32_send_[u] = Buffer();
-  f32_recv_[u] = Buffer();
+  f32_send_[u] = Scratch();
+  f32_recv_[u] = Scratch();
   const auto [before, after] = others(u);
   for (const ArenaRange& r : {before, after}) {
     a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),

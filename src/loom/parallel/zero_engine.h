@@ -80,6 +80,14 @@ class ZeroEngine {
 
  private:
   enum class Held { Sharded, InFlight, Gathered };
+  // Scratch for a collective: the group's registered memory when it has room (read in place by the
+  // collective, its pages backed once and reused), else the allocator's.
+  struct Scratch {
+    comm::RegisteredBuffer registered;
+    Buffer plain;
+    void* data() const { return registered.size() ? static_cast<void*>(registered.data()) : plain.data(); }
+  };
+  Scratch scratch(size_t bytes);
   // The parts of unit u this rank does not own (before and after its piece).
   std::pair<ArenaRange, ArenaRange> others(size_t u) const;
   // Elements of `r` the model reads in f32.
@@ -101,7 +109,7 @@ class ZeroEngine {
   std::vector<int64_t> charged_;                      // bytes charged for unit u's gathered weights
   std::vector<comm::Work> gather_, gather_f32_;
   // bf16 mode: the f32-read elements of a unit in flight, this rank's packed and everyone's gathered.
-  std::vector<Buffer> f32_send_, f32_recv_;
+  std::vector<Scratch> f32_send_, f32_recv_;
   std::vector<std::vector<comm::Work>> reducing_;  // per unit, empty when finished
   std::vector<bool> scratch_;                       // ZeRO-2/3: unit's non-owned gradients resident
   std::vector<size_t> reduce_order_;                // units reduced and not finished, oldest first
