@@ -17,7 +17,7 @@ namespace loom::cli {
 namespace {
 
 struct PlanOptions {
-  std::string model, cluster, precision = "bf16", validate;
+  std::string model, cluster, precision = "bf16", validate, engine = "megatron";
   int64_t seq = 0, global_batch = 0;
   std::vector<std::string> fix;
   int top = 10;
@@ -122,6 +122,9 @@ int run_plan(const PlanOptions& o) {
   job.model = plan::plan_model(o.model);
   job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
   job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision;
+  job.software.loom_engine = o.engine == "loom";
+  if (job.software.loom_engine && o.precision != "bf16")
+    throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
   plan::Fixed fixed;
   for (auto& f : o.fix) plan::apply_fix(fixed, f);
   auto r = plan::search(job, fixed, o.top);
@@ -180,6 +183,10 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--sensitivity", o->sensitivity, "step time of the best layout with each hardware figure x2 and x0.5");
   cmd->add_option("--validate", o->validate, "compare the cost model with published results in FILE");
+  cmd->add_option("--engine", o->engine,
+                  "whose memory conventions: megatron (default; what the published rows ran) or loom (Loom's own "
+                  "engine, exact to its measured peaks; only the layouts it runs: dp x ZeRO)")
+      ->check(CLI::IsMember({"megatron", "loom"}));
   cmd->callback([&action, o] { action = [o] { return run_plan(*o); }; });
 }
 

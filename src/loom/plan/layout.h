@@ -38,6 +38,9 @@ struct Software {
   bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
   double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
+  // Memory as Loom's own engine holds it (engine_memory.h: f32 masters, its activation buffers, its
+  // ZeRO units) instead of Megatron-LM's conventions; only layouts the engine runs (dp x ZeRO).
+  bool loom_engine = false;
 };
 
 struct Job {

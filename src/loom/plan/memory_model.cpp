@@ -1,5 +1,7 @@
 #include "loom/plan/memory_model.h"
 
+#include "loom/plan/engine_memory.h"
+
 #include <algorithm>
 
 namespace loom::plan {
@@ -109,6 +111,14 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
 }  // namespace
 
 MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
+  if (j.software.loom_engine) {
+    const EngineMemory e = loom_engine_memory(j.model.cfg, l, j.seq, j.precision == "bf16");
+    MemoryBreakdown m;
+    m.weights = e.parameters, m.grads = e.gradients, m.optimizer = e.optimizer, m.activations = e.activations;
+    m.total = e.total();
+    m.usable = j.cluster.hw.device.memory_bytes * (1 - j.memory_margin);
+    return m;
+  }
   MemoryBreakdown first = stage_memory(l, j, false);
   if (l.pp == 1) {
     MemoryBreakdown only = stage_memory(l, j, true);  // one stage holds embedding, layers and head

@@ -1,0 +1,109 @@
+#include "loom/plan/engine_memory.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "loom/error.h"
+#include "loom/spec/param_table.h"
+
+namespace loom::plan {
+
+namespace {
+
+// A ZeRO unit as the engine cuts it (parallel/shard_plan.h): rank 0 owns its first size/dp elements.
+struct Unit {
+  int64_t begin = 0, end = 0;
+  int64_t f32_read = 0, f32_read_owned = 0;  // elements the model reads in f32 (all, and rank 0's)
+  int64_t size() const { return end - begin; }
+};
+
+std::vector<Unit> units_of(const spec::ParamTable& table, int64_t n_layers, int dp) {
+  std::vector<int64_t> bounds{0};
+  for (int64_t s : table.block_starts(n_layers)) bounds.push_back(std::clamp(s, bounds.back(), table.total_numel()));
+  bounds.push_back(table.total_numel());
+  std::vector<Unit> units;
+  for (size_t u = 0; u + 1 < bounds.size(); ++u) {
+    Unit x{bounds[u], bounds[u + 1]};
+    const int64_t owned_end = x.begin + x.size() / dp;
+    for (const auto& p : table.params()) {
+      if (p.gemm_only) continue;
+      const int64_t lo = std::max(p.offset, x.begin), hi = std::min(p.offset + p.numel(), x.end);
+      if (hi > lo) x.f32_read += hi - lo;
+      const int64_t olo = std::max(p.offset, x.begin), ohi = std::min(p.offset + p.numel(), owned_end);
+      if (ohi > olo) x.f32_read_owned += ohi - olo;
+    }
+    units.push_back(x);
+  }
+  return units;
+}
+
+// Activations of one micro-batch context, as model::Transformer::make_context allocates them, plus the
+// trainer's token and target buffers.
+double activation_bytes(const spec::TransformerConfig& c, int64_t B, int64_t T, bool bf16) {
+  const double N = static_cast<double>(B * T), C = static_cast<double>(c.d_model);
+  const double H = static_cast<double>(c.n_heads), D = static_cast<double>(c.head_dim());
+  const double F = static_cast<double>(c.d_ff), V = static_cast<double>(c.vocab_size);
+  const double QKV = (H + 2.0 * static_cast<double>(c.n_kv_heads)) * D;
+  const bool llama = c.arch == spec::Arch::Llama;
+  const double HPRE = llama ? 2 * F : F;
+  const double lp = bf16 ? 2 : 0;                            // bf16 copies of GEMM inputs
+  const double norm_out = bf16 ? 0 : 4;                      // f32 norm / activation outputs (bf16: one scratch)
+  double layer = 4 * N * (2 + QKV + H + H * D + C + 2 + HPRE)  // norm stats, qkv, lse, att, x_mid, h_pre
+                 + norm_out * N * (C + C + F)                  // n1_out, n2_out, h_act
+                 + lp * N * (C + H * D + C + F);               // n1_lp, att_lp, n2_lp, h_act_lp
+  double total = static_cast<double>(c.n_layers) * layer;
+  total += 4 * N * C * static_cast<double>(c.n_layers + 1);  // residual stream
+  if (bf16) total += 4 * N * std::max(C, F);                 // the shared f32 scratch
+  total += 4 * N * 2 + norm_out * N * C + lp * N * C;        // final norm
+  total += 4 * N * V + 4 * N;                                // logits (dlogits), losses
+  total += 4 * N * (C + C + H * D + QKV + F + HPRE);         // backward scratch
+  total += 4 * N * 2 * 2;                                    // tokens + targets, context and trainer
+  if (llama) total += 4.0 * static_cast<double>(c.max_seq) * D;  // RoPE cos + sin tables
+  return total;
+}
+
+}  // namespace
+
+EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16) {
+  if (l.tp != 1 || l.pp != 1 || l.cp != 1 || l.ep != 1)
+    throw ConfigError("Loom's engine runs data parallelism only (tp = pp = cp = ep = 1), not " + l.str());
+  const auto table = spec::build_param_table(cfg);
+  const int dp = l.dp, stage = dp > 1 ? l.zero : 0;  // alone, every stage is the plain run
+  const auto units = units_of(table, cfg.n_layers, dp);
+  const double total = static_cast<double>(table.total_numel());
+  double owned = 0;
+  for (const auto& u : units) owned += static_cast<double>(u.size() / dp);
+  const double weight_bytes = 4 + (bf16 ? 2 : 0);  // f32 master (+ bf16 copy)
+
+  // What a gathered unit adds on rank 0 (the other ranks' elements), for weights and for gradients.
+  auto gathered_weights = [&](const Unit& u) {
+    const double others = static_cast<double>(u.size() - u.size() / dp);
+    if (!bf16) return others * 4;
+    return others * 2 + static_cast<double>(u.f32_read - u.f32_read_owned) * 4;  // bf16 copies + exact f32
+  };
+  auto gathered_grads = [&](const Unit& u) { return static_cast<double>(u.size() - u.size() / dp) * 4; };
+  const Unit& embed = units.front();
+  const Unit& head = units.back();
+  double largest_block = 0, largest_block_grads = 0;
+  for (size_t i = 1; i + 1 < units.size(); ++i) {
+    largest_block = std::max(largest_block, gathered_weights(units[i]));
+    largest_block_grads = std::max(largest_block_grads, gathered_grads(units[i]));
+  }
+
+  EngineMemory m;
+  // ZeRO-3 holds the embeddings and head for the whole micro-batch and two blocks at a time (one in
+  // use, the next prefetched).
+  m.parameters = stage == 3 ? owned * weight_bytes + gathered_weights(embed) + gathered_weights(head) + 2 * largest_block
+                            : total * weight_bytes;
+  // ZeRO-2/3 keep the embedding gradient for all of backward, and two other units' scratch: the one in
+  // backward and the one whose reduction is still landing (the head's at first).
+  m.gradients = stage >= 2 ? owned * 4 + gathered_grads(embed) +
+                                 std::max(gathered_grads(head) + largest_block_grads, 2 * largest_block_grads)
+                           : total * 4;
+  m.optimizer = (stage >= 1 ? owned : total) * 8;  // AdamW m and v in f32
+  m.activations = activation_bytes(cfg, l.micro_batch, seq, bf16);
+  return m;
+}
+
+}  // namespace loom::plan

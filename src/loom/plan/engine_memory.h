@@ -1,0 +1,27 @@
+// What Loom's own engine holds per rank, in the categories its allocator reports (parameters,
+// gradients, optimizer, activations), for the layouts it runs today (data parallelism with ZeRO 0-3):
+// the planner's prediction of `loom train --json`'s peak_bytes_by_category, derived from the model
+// description alone. It mirrors the engine's buffers (model/activations.h, parallel/shard_plan.*,
+// parallel/zero_engine.*) and differs from the Megatron-style memory model (memory_model.h) in its
+// conventions: f32 masters count as parameters, activations are the engine's f32 tensors plus bf16
+// copies of GEMM inputs, and ZeRO-3's gathered units and ZeRO-2/3's gradient scratch are peaks.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/plan/layout.h"
+#include "loom/spec/transformer_config.h"
+
+namespace loom::plan {
+
+struct EngineMemory {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0;  // peak bytes of dp rank 0
+  double state() const { return parameters + gradients + optimizer; }
+  double total() const { return state() + activations; }
+};
+
+// Peak bytes per category of dp rank 0 for `cfg` trained under layout `l` (dp, zero, micro_batch;
+// other degrees must be 1) at sequence length `seq`, in bf16 or fp32 mode.
+EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16);
+
+}  // namespace loom::plan
