@@ -9,7 +9,9 @@
 #include <random>
 
 #include "../cli/cli_runner.h"
+#include "loom/error.h"
 #include "loom/plan/calibration.h"
+#include "loom/plan/collective_cost.h"
 #include "loom/plan/hardware.h"
 
 using namespace loom;
@@ -54,11 +56,43 @@ TEST(Calibrate, QuickRunWritesAHardwareFileThatPlansAccept) {
   EXPECT_LE(hw.efficiency.gemm_max, 1);
   std::ifstream in(file);
   std::string text((std::istreambuf_iterator<char>(in)), {});
-  EXPECT_NE(text.find("NOT MEASURED"), std::string::npos);
+  // The link is Loom's own collectives between two ranks of this machine.
+  EXPECT_NE(text.find("Measured: Loom's collectives"), std::string::npos) << text;
+  EXPECT_NE(text.find("collective_us = ["), std::string::npos);
+  EXPECT_GT(hw.intra_node.bandwidth, 1e8);  // shared memory moves more than 100 MB/s
+  EXPECT_GT(hw.intra_node.latency, 0);
+  EXPECT_LT(hw.intra_node.latency, 1e-3);
+  EXPECT_EQ(hw.efficiency.link, 1.0);
   EXPECT_NE(text.find("[calibration]"), std::string::npos);
   auto p = test::run_loom("plan --model tiny --cluster " + file.string() +
                           " --seq 64 --global-batch 4 --top 1 --json");
   EXPECT_EQ(p.rc, 0) << p.out << p.err;
   EXPECT_NE(p.out.find("tokens_per_s"), std::string::npos);
+  // Without the collectives the file says where its link figures are placeholders.
+  r = test::run_loom("calibrate --quick --threads 1 --no-comm --out " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  std::ifstream again(file);
+  std::string placeholder((std::istreambuf_iterator<char>(again)), {});
+  EXPECT_NE(placeholder.find("NOT MEASURED (calibrate ran with --no-comm)"), std::string::npos);
+  EXPECT_NE(r.out.find("links not measured"), std::string::npos);
   fs::remove(file);
+}
+
+TEST(Calibrate, LinkFitRecoversAKnownAlphaBeta) {
+  const Link truth{12e9, 2.5e-6, Topology::Switch};
+  std::vector<CollectiveSample> samples;
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
+    for (int ranks : {2, 4})
+      for (double bytes = 8; bytes <= 64.0 * (1 << 20); bytes *= 16) {
+        const Collective c = std::string(op) == "all_reduce"   ? Collective::AllReduce
+                             : std::string(op) == "all_gather" ? Collective::AllGather
+                                                               : Collective::ReduceScatter;
+        samples.push_back({op, ranks, bytes, collective_time(c, bytes, ranks, truth, 1.0)});
+      }
+  const LinkFit f = fit_link(samples);
+  // The smallest message still carries 8 bytes and the largest some latency: within a percent.
+  EXPECT_NEAR(f.link.latency, truth.latency, 0.01 * truth.latency);
+  EXPECT_NEAR(f.link.bandwidth, truth.bandwidth, 0.01 * truth.bandwidth);
+  EXPECT_LT(f.rms_log_error, 0.01);
+  EXPECT_THROW(fit_link({}), ConfigError);
 }

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -43,6 +45,7 @@ struct BenchArgs {
   bool inplace = false;
   bool vs_mpi = false;
   bool ceiling = true;
+  bool json = false;      // one JSON object per row instead of the table
   std::string transport;  // --comm: overrides LOOM_COMM
 };
 
@@ -307,7 +310,7 @@ class CommBench {
     const size_t hi = parse_bytes(a_.max_bytes);
     if (hi < lo) throw ConfigError(fmt::format("bench comm: --max-bytes {} is below --min-bytes {}", a_.max_bytes, a_.min_bytes));
     if (a_.factor < 2) throw ConfigError("bench comm: --step-factor must be at least 2");
-    if (pg_.rank() == 0) {
+    if (pg_.rank() == 0 && !a_.json) {
       fmt::print("# loom bench comm: {} ranks on {} node(s), transport {}, {}, {} buffers, {}\n", n, world_.nodes(),
                  pg_.transport_name(), a_.dtype, a_.plain ? "plain" : "registered",
                  a_.inplace ? "in place" : "out of place");
@@ -469,6 +472,17 @@ class CommBench {
     const size_t size = (k == OpKind::kAllGather ? s.out_elems : s.in_elems) * dtype_size(dtype_);
     auto busbw = [&](double t) { return t > 0 ? size / t * s.bus_factor * 1e-9 : 0.0; };
     auto opt = [](bool have, double v, const char* f) { return have ? fmt::format(fmt::runtime(f), v) : std::string("-"); };
+    if (a_.json) {
+      nlohmann::json j{{"op", comm::op_name(k)}, {"ranks", pg_.size()},       {"bytes", size},
+                       {"count", s.count},       {"algo", r.algo},            {"time_us", r.seconds * 1e6},
+                       {"algbw_GBps", size / r.seconds * 1e-9}, {"busbw_GBps", busbw(r.seconds)},
+                       {"wrong", r.wrong},       {"cpu_us", r.cpu_seconds * 1e6}};
+      if (r.ceiling_seconds > 0) j["ceiling_busbw_GBps"] = busbw(r.ceiling_seconds);
+      if (r.mpi_seconds > 0) j["mpi_busbw_GBps"] = busbw(r.mpi_seconds);
+      fmt::print("{}\n", j.dump());
+      std::fflush(stdout);
+      return;
+    }
     fmt::print("{:>15} {:>10} {:>11} {:>8} {:>10.1f} {:>9.2f} {:>9.2f} {:>7} {:>8.1f} {:>9} {:>6} {:>9} {:>6}\n",
                comm::op_name(k), size, s.count, r.algo, r.seconds * 1e6, size / r.seconds * 1e-9, busbw(r.seconds),
                r.wrong, r.cpu_seconds * 1e6, opt(r.ceiling_seconds > 0, busbw(r.ceiling_seconds), "{:.2f}"),
@@ -523,6 +537,7 @@ void register_bench(CLI::App& app, Action& action) {
   cmd->add_option("--vs", *vs, "baseline to time on the same buffers: mpi (OpenMPI's collectives; run under mpirun)")
       ->check(CLI::IsMember({"mpi"}));
   cmd->add_flag("!--no-ceiling", a->ceiling, "skip the in-process ceiling measurement");
+  cmd->add_flag("--json", a->json, "one JSON object per row (op, ranks, bytes, time_us, algbw/busbw GB/s, ...)");
   cmd->callback([&action, a, vs] {
     a->vs_mpi = *vs == "mpi";
     if (a->batches < 1) throw CLI::ValidationError("--batches", "must be at least 1");

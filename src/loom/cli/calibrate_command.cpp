@@ -1,8 +1,8 @@
 // `loom calibrate --out FILE`: measures this machine -- GEMM rates per dtype
-// and size, streaming memory bandwidth -- and writes a hardware description in
-// the format of configs/hardware/*.toml, so `loom plan --cluster FILE` plans
-// for it. Collectives are not measured (no collectives library yet); the file
-// says so where their figures go.
+// and size, streaming memory bandwidth, and Loom's collectives between ranks on
+// it (latency and bandwidth per group size, via `loom run -n N -- loom bench
+// comm --json`) -- and writes a hardware description in the format of
+// configs/hardware/*.toml, so `loom plan --cluster FILE` plans for it.
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>
@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "loom/cli/commands.h"
 #include "loom/core/allocator.h"
@@ -29,6 +32,8 @@ struct CalibrateOptions {
   std::string out;
   int threads = 0;
   bool quick = false;
+  bool comm = true;
+  std::vector<int> comm_ranks{2};
 };
 
 using Clock = std::chrono::steady_clock;
@@ -102,6 +107,46 @@ plan::StreamSample time_triad(size_t array_bytes, int passes) {
   return {double(n * sizeof(double)), best};
 }
 
+// Loom's collectives between `ranks` ranks of this machine, timed by `loom bench
+// comm` in a job of its own (one JSON row per op and size).
+std::vector<plan::CollectiveSample> time_collectives(int ranks, bool quick) {
+  const std::string self = self_executable();
+  if (self.empty())
+    throw IoError("loom calibrate: cannot find its own executable to start the "
+                  "collectives benchmark; pass --no-comm");
+  const std::string cmd = fmt::format(
+      "'{0}' run -n {1} -- '{0}' bench comm --json --no-ceiling "
+      "--ops all_reduce,all_gather,reduce_scatter -b 8 -e {2} -f 16 "
+      "--batches {3} --batch-seconds {4} 2>&1",
+      self, ranks, quick ? "64K" : "64M", quick ? 1 : 3, quick ? 0.01 : 0.05);
+  FILE *p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr)
+    throw IoError("loom calibrate: cannot start '" + cmd + "'");
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    text.append(buf, n);
+  const int status = ::pclose(p);
+  std::vector<plan::CollectiveSample> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{')
+      continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("time_us"))
+      continue;
+    out.push_back({j["op"].get<std::string>(), j["ranks"].get<int>(),
+                   j["bytes"].get<double>(), j["time_us"].get<double>() * 1e-6});
+  }
+  if (status != 0 || out.empty())
+    throw IoError(fmt::format(
+        "loom calibrate: the collectives benchmark on {} ranks failed (exit "
+        "status {}); its output:\n{}\npass --no-comm to calibrate without it",
+        ranks, status, text));
+  return out;
+}
+
 int run_calibrate(const CalibrateOptions &o) {
   if (o.out.empty())
     throw ConfigError("loom calibrate needs --out FILE");
@@ -158,6 +203,16 @@ int run_calibrate(const CalibrateOptions &o) {
   for (size_t bytes : arrays)
     cal.stream.push_back(time_triad(bytes, o.quick ? 2 : 4));
 
+  if (o.comm)
+    for (int ranks : o.comm_ranks) {
+      if (ranks < 2)
+        throw ConfigError(fmt::format(
+            "--comm-ranks {}: a collective needs at least 2 ranks", ranks));
+      auto samples = time_collectives(ranks, o.quick);
+      cal.collectives.insert(cal.collectives.end(), samples.begin(),
+                             samples.end());
+    }
+
   const std::string text = plan::calibration_to_toml(cal);
   {
     std::ofstream out(o.out);
@@ -166,12 +221,16 @@ int run_calibrate(const CalibrateOptions &o) {
   }
   const plan::Hardware hw = plan::load_hardware(
       o.out); // the file must read back as a hardware description
+  const std::string links =
+      cal.collectives.empty()
+          ? std::string("links not measured")
+          : fmt::format("link {:.2f} GB/s, {:.2f} us", hw.intra_node.bandwidth * 1e-9,
+                        hw.intra_node.latency * 1e6);
   fmt::print("{}: peak f32 {:.1f} / bf16 {:.1f} GFLOP/s, memory {:.1f} GB/s, "
-             "gemm_max {:.3f}, gemm_half_dim {:.3g} "
-             "({:.1f} s; links not measured)\n",
+             "gemm_max {:.3f}, gemm_half_dim {:.3g}, {} ({:.1f} s)\n",
              o.out, hw.device.peak_f32 * 1e-9, hw.device.peak_bf16 * 1e-9,
              hw.device.memory_bandwidth * 1e-9, hw.efficiency.gemm_max,
-             hw.efficiency.gemm_half_dim, seconds_since(start));
+             hw.efficiency.gemm_half_dim, links, seconds_since(start));
   return 0;
 }
 
@@ -187,6 +246,11 @@ void register_calibrate(CLI::App &app, Action &action) {
                   "compute threads (default: LOOM_THREADS or all cores)");
   cmd->add_flag("--quick", o->quick,
                 "small sizes only (seconds; for tests, not for planning)");
+  cmd->add_flag("!--no-comm", o->comm,
+                "skip the collectives (the link figures become placeholders)");
+  cmd->add_option("--comm-ranks", o->comm_ranks,
+                  "group sizes to time Loom's collectives at (default 2)")
+      ->delimiter(',');
   cmd->callback([&action, o] { action = [o] { return run_calibrate(*o); }; });
 }
 

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "loom/error.h"
+#include "loom/plan/collective_cost.h"
 
 namespace loom::plan {
 
@@ -59,10 +62,16 @@ Hardware hardware_from_calibration(const Calibration &c) {
   hw.device.memory_bandwidth = largest->bytes_per_s;
   hw.devices_per_node =
       1; // the CPU is one device; ranks on it share its cores and memory
-  // Not measured (no collectives library yet): a shared-memory copy reads and
-  // writes each byte, so half the streaming bandwidth is the most a same-node
-  // transfer could reach; the latency is a guess.
-  hw.intra_node = {hw.device.memory_bandwidth / 2, 1e-6, Topology::Switch};
+  if (!c.collectives.empty()) {
+    // Measured between ranks on this machine (shared memory). There is no network to another machine
+    // to measure: inter_node copies it.
+    hw.intra_node = fit_link(c.collectives).link;
+    hw.efficiency.link = 1.0; // the bandwidth is the achieved bus bandwidth
+  } else {
+    // Not measured: a shared-memory copy reads and writes each byte, so half the streaming bandwidth
+    // is the most a same-node transfer could reach; the latency is a guess.
+    hw.intra_node = {hw.device.memory_bandwidth / 2, 1e-6, Topology::Switch};
+  }
   hw.inter_node = hw.intra_node;
   std::vector<RelativeSample> rel;
   for (auto &s : c.f32)
@@ -77,6 +86,59 @@ Hardware hardware_from_calibration(const Calibration &c) {
   hw.efficiency.memory =
       1.0; // memory_bandwidth is already the measured streaming rate
   return hw;
+}
+
+namespace {
+Collective collective_of(const std::string &op) {
+  if (op == "all_reduce")
+    return Collective::AllReduce;
+  if (op == "all_gather")
+    return Collective::AllGather;
+  if (op == "reduce_scatter")
+    return Collective::ReduceScatter;
+  throw ConfigError("calibration: collective '" + op +
+                    "' is not all_reduce, all_gather or reduce_scatter");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+} // namespace
+
+LinkFit fit_link(std::span<const CollectiveSample> samples) {
+  if (samples.empty())
+    throw ConfigError("calibration: no collective samples to fit a link to");
+  // Per (op, ranks) series: alpha from its smallest message, beta from its largest.
+  std::map<std::pair<std::string, int>, std::vector<CollectiveSample>> series;
+  for (const auto &s : samples)
+    if (s.seconds > 0 && s.bytes > 0)
+      series[{s.op, s.ranks}].push_back(s);
+  std::vector<double> alphas, betas;
+  for (auto &[key, v] : series) {
+    std::sort(v.begin(), v.end(),
+              [](auto &a, auto &b) { return a.bytes < b.bytes; });
+    const Collective op = collective_of(key.first);
+    const double steps = latency_steps(op, key.second, Topology::Switch);
+    alphas.push_back(v.front().seconds / steps);
+    const auto &big = v.back();
+    betas.push_back(big.bytes * busbw_factor(op, key.second) / big.seconds);
+  }
+  LinkFit f;
+  f.link = {median(betas), median(alphas), Topology::Switch};
+  double sq = 0;
+  int n = 0;
+  for (const auto &s : samples) {
+    if (s.seconds <= 0 || s.bytes <= 0)
+      continue;
+    const double predicted =
+        collective_time(collective_of(s.op), s.bytes, s.ranks, f.link, 1.0);
+    const double e = std::log(predicted / s.seconds);
+    sq += e * e;
+    ++n;
+  }
+  f.rms_log_error = n ? std::sqrt(sq / n) : 0;
+  return f;
 }
 
 std::string calibration_to_toml(const Calibration &c) {
@@ -95,11 +157,22 @@ std::string calibration_to_toml(const Calibration &c) {
                   "Memory bandwidth: STREAM triad over the largest arrays "
                   "measured (see [calibration]).",
                   c.device_name, c.peak_source, curve.rms_log_error);
-  const std::string not_measured =
-      "NOT MEASURED: Loom has no collectives library yet. Placeholder: half "
-      "the streaming bandwidth\n"
+  std::string not_measured =
+      "NOT MEASURED (calibrate ran with --no-comm). Placeholder: half the "
+      "streaming bandwidth\n"
       "(a shared-memory copy reads and writes each byte), 1 us latency. Do not "
       "trust plans that communicate.";
+  if (!c.collectives.empty()) {
+    const LinkFit link = fit_link(c.collectives);
+    not_measured = fmt::format(
+        "Measured: Loom's collectives between ranks on this machine (`loom "
+        "bench comm`, shared memory),\n"
+        "fitted to the alpha-beta model of collective_cost.h (switch): "
+        "latency from the smallest messages,\n"
+        "bandwidth = bus bandwidth of the largest (rms log error {:.3f} over "
+        "every sample in [calibration]).",
+        link.rms_log_error);
+  }
   std::string out = hardware_to_toml(
       hw, header,
       {{"device", "memory_GiB: physical memory of the machine. peak_tflops: "
@@ -111,7 +184,8 @@ std::string calibration_to_toml(const Calibration &c) {
        {"efficiency",
         "gemm_max, gemm_half_dim: fitted (see header). memory = 1: the "
         "bandwidth above is\n"
-        "measured streaming. link: NOT MEASURED, the default of hardware.h."}});
+        "measured streaming. link: 1 when intra_node was measured (its bandwidth is "
+        "achieved bus\nbandwidth), else the default of hardware.h."}});
   auto list = [](auto const &v, auto f) {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i)
@@ -147,6 +221,26 @@ std::string calibration_to_toml(const Calibration &c) {
                      }));
   out +=
       fmt::format("gemm_curve_rms_log_error = {:.4g}\n", curve.rms_log_error);
+  if (!c.collectives.empty()) {
+    out += "# Collectives: op, ranks, bytes (nccl-tests' size), median "
+           "microseconds per op.\n";
+    out += fmt::format("collective_ops = {}\n",
+                       list(c.collectives, [](const CollectiveSample &s) {
+                         return "\"" + s.op + "\"";
+                       }));
+    out += fmt::format("collective_ranks = {}\n",
+                       list(c.collectives, [](const CollectiveSample &s) {
+                         return std::to_string(s.ranks);
+                       }));
+    out += fmt::format("collective_bytes = {}\n",
+                       list(c.collectives, [](const CollectiveSample &s) {
+                         return fmt::format("{:.0f}", s.bytes);
+                       }));
+    out += fmt::format("collective_us = {}\n",
+                       list(c.collectives, [](const CollectiveSample &s) {
+                         return fmt::format("{:.4g}", s.seconds * 1e6);
+                       }));
+  }
   return out;
 }
 

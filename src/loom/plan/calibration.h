@@ -26,6 +26,14 @@ struct StreamSample {
   double bytes_per_s = 0;
 };
 
+// One measured collective (`loom bench comm --json` between ranks on this machine): `bytes` as
+// nccl-tests counts them (the all_gather output, otherwise the input), median seconds per op.
+struct CollectiveSample {
+  std::string op;  // all_reduce | all_gather | reduce_scatter
+  int ranks = 2;
+  double bytes = 0, seconds = 0;
+};
+
 struct Calibration {
   std::string device_name;
   int threads = 1;
@@ -39,7 +47,18 @@ struct Calibration {
   std::vector<GemmSample> f32, bf16;
   std::vector<StreamSample>
       stream; // the largest array size gives the reported bandwidth
+  std::vector<CollectiveSample> collectives; // empty: links not measured
 };
+
+// The intra-node link that explains the collective samples with collective_cost.h's alpha-beta model
+// (switch topology, efficiency 1): latency from the smallest messages, bandwidth from the largest
+// (the median over ops and group sizes of each), and the fit's rms log error over every sample.
+struct LinkFit {
+  Link link;
+  double rms_log_error = 0;
+};
+// Throws ConfigError when there is no sample to fit.
+LinkFit fit_link(std::span<const CollectiveSample> samples);
 
 // The curve of time_model.h, rate = peak * gemm_max * prod_d d / (d +
 // gemm_half_dim), fitted by least squares on log(rate / peak) over all samples;
@@ -56,9 +75,9 @@ struct RelativeSample {
 GemmCurve fit_gemm_curve(std::span<const RelativeSample> samples);
 
 // The hardware description of one calibrated device: measured peaks, memory and
-// bandwidth, the fitted curve; link figures are placeholders (nothing measures
-// collectives yet). Throws ConfigError when a figure the format needs is
-// missing (no bf16 rate, no stream sample).
+// bandwidth, the fitted curve, and the link fitted to the collective samples
+// (placeholders when there are none). Throws ConfigError when a figure the
+// format needs is missing (no bf16 rate, no stream sample).
 Hardware hardware_from_calibration(const Calibration &c);
 
 // The whole file `loom calibrate` writes: the hardware description
