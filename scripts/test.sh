@@ -18,7 +18,7 @@ if [ "${LOOM_SKIP_SANITIZERS:-0}" != "1" ]; then
   # touches mmap, files and raw buffers.
   # The collectives too: shared-memory layouts, futexes and the store's socket buffers (shared-memory
   # jobs only: OpenMPI's own allocations would drown the report).
-  asan_targets=(core_test safetensors_test elementwise_test attention_test gemm_test checkpoint_cli_test
+  asan_targets=(core_test safetensors_test elementwise_norms_test elementwise_activations_test elementwise_loss_optimizer_test attention_test gemm_test checkpoint_cli_test
                 shard_test loader_test tokenizer_test store_test job_env_test collectives_test comm_worker)
   cmake --build build-asan -j"$jobs" --target "${asan_targets[@]}"
   ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 \

@@ -1,0 +1,193 @@
+// Element-wise kernels (elementwise.h), part 2: GELU, SwiGLU and RoPE, against float64
+// implementations from the math and finite differences. Rerun a failure with LOOM_TEST_SEED=<seed>.
+#include "elementwise_test_support.h"
+
+namespace loom::kernels {
+namespace {
+using namespace elementwise_test;
+
+// ============================ GELU ============================
+
+// 1001 (odd, one thread), 40001 (odd, split) and 512 rows of the mini model's MLP activation (4 * d_model).
+constexpr int64_t kGeluSizes[] = {1001, 40001, 512 * 1536};
+
+TEST_F(ElementwiseTest, GeluForwardMatchesFloat64IncludingTails) {
+  for (int64_t n : kGeluSizes) {
+    Vec x = normal(n, 0.0f, 3.0f);
+    const float special[] = {0.0f, -0.0f, 1e-20f, -1e-6f, 12.0f, -9.0f, -20.0f, 50.0f, -100.0f};
+    std::copy(std::begin(special), std::end(special), x.begin());
+    DVec want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = naive_gelu(x[i]);
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(impl_name(fast));
+      Vec out(n);
+      fast ? gelu_forward(out.data(), x.data(), n) : ref::gelu_forward(out.data(), x.data(), n);
+      EXPECT_TRUE(close_to(out, want, 1e-5)) << "n=" << n;
+    }
+  }
+}
+
+TEST_F(ElementwiseTest, GeluBackwardOverwritesDinp) {
+  for (int64_t n : kGeluSizes) {
+    const Vec x = normal(n, 0.0f, 3.0f), dy = normal(n);
+    DVec want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = naive_gelu_grad(x[i]) * dy[i];
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(impl_name(fast));
+      Vec dinp = normal(n, 5.0f);  // stale values that must not leak into the result
+      fast ? gelu_backward(dinp.data(), x.data(), dy.data(), n) : ref::gelu_backward(dinp.data(), x.data(), dy.data(), n);
+      EXPECT_TRUE(close_to(dinp, want, 1e-5)) << "n=" << n;
+    }
+  }
+}
+
+TEST_F(ElementwiseTest, GeluBackwardMatchesFiniteDifferences) {
+  const int64_t n = 301;
+  const Vec x = normal(n, 0.0f, 2.0f), weights = normal(n);
+  auto loss = [&](const DVec& p) {
+    double L = 0.0;
+    for (int64_t i = 0; i < n; ++i) L += naive_gelu(p[i]) * weights[i];
+    return L;
+  };
+  const DVec fd = finite_differences(loss, to_double(x), all_indices(n));
+  for (bool fast : {false, true}) {
+    SCOPED_TRACE(impl_name(fast));
+    Vec dinp(n);
+    fast ? gelu_backward(dinp.data(), x.data(), weights.data(), n)
+         : ref::gelu_backward(dinp.data(), x.data(), weights.data(), n);
+    EXPECT_TRUE(close_to(dinp, fd, 1e-5));
+  }
+}
+
+// ============================ SwiGLU ============================
+
+struct SwigluShape {
+  int64_t N, F;
+};
+constexpr SwigluShape kSwigluShapes[] = {{7, 67}, {301, 67}, {512, 1024}};  // last: 512 rows of llama-mini
+
+TEST_F(ElementwiseTest, SwigluForwardMatchesFloat64) {
+  for (auto [N, F] : kSwigluShapes) {
+    Vec gu = normal(N * 2 * F, 0.0f, 3.0f);
+    gu[0] = -100.0f, gu[1] = 100.0f, gu[2] = 0.0f;  // saturated gates
+    const DVec want = naive_swiglu(to_double(gu), N, F);
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(impl_name(fast));
+      Vec out(N * F);
+      fast ? swiglu_forward(out.data(), gu.data(), N, F) : ref::swiglu_forward(out.data(), gu.data(), N, F);
+      EXPECT_TRUE(close_to(out, want, 1e-5)) << "N=" << N << " F=" << F;
+    }
+  }
+}
+
+TEST_F(ElementwiseTest, SwigluBackwardOverwritesDgu) {
+  for (auto [N, F] : kSwigluShapes) {
+    const Vec gu = normal(N * 2 * F, 0.0f, 3.0f), dy = normal(N * F);
+    DVec want(N * 2 * F);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = gu[n * 2 * F + f], u = gu[n * 2 * F + F + f], s = sigmoid(g);
+        want[n * 2 * F + f] = dy[n * F + f] * u * (s + g * s * (1.0 - s));
+        want[n * 2 * F + F + f] = dy[n * F + f] * g * s;
+      }
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(impl_name(fast));
+      Vec dgu = normal(N * 2 * F, 5.0f);  // stale values that must not leak into the result
+      fast ? swiglu_backward(dgu.data(), gu.data(), dy.data(), N, F)
+           : ref::swiglu_backward(dgu.data(), gu.data(), dy.data(), N, F);
+      EXPECT_TRUE(close_to(dgu, want, 1e-5)) << "N=" << N << " F=" << F;
+    }
+  }
+}
+
+TEST_F(ElementwiseTest, SwigluBackwardMatchesFiniteDifferences) {
+  const int64_t N = 7, F = 67;
+  const Vec gu = normal(N * 2 * F, 0.0f, 2.0f), weights = normal(N * F);
+  auto loss = [&](const DVec& p) { return dot(naive_swiglu(p, N, F), to_double(weights)); };
+  const DVec fd = finite_differences(loss, to_double(gu), all_indices(gu.size()));
+  for (bool fast : {false, true}) {
+    SCOPED_TRACE(impl_name(fast));
+    Vec dgu(N * 2 * F);
+    fast ? swiglu_backward(dgu.data(), gu.data(), weights.data(), N, F)
+         : ref::swiglu_backward(dgu.data(), gu.data(), weights.data(), N, F);
+    EXPECT_TRUE(close_to(dgu, fd, 1e-5));
+  }
+}
+
+// ============================ RoPE ============================
+
+TEST_F(ElementwiseTest, RopeTablesHoldCosAndSinOfPositionTimesInverseFrequency) {
+  const int64_t T = 300, D = 64;
+  const double theta = 10000.0;
+  Vec cos(T * D / 2), sin(T * D / 2);
+  rope_tables(cos.data(), sin.data(), T, D, static_cast<float>(theta));
+  DVec want_cos(T * D / 2), want_sin(T * D / 2);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double angle = static_cast<double>(t) / std::pow(theta, 2.0 * static_cast<double>(i) / D);
+      want_cos[t * D / 2 + i] = std::cos(angle);
+      want_sin[t * D / 2 + i] = std::sin(angle);
+    }
+  EXPECT_TRUE(close_to(cos, want_cos, 1e-6));
+  EXPECT_TRUE(close_to(sin, want_sin, 1e-6));
+}
+
+struct RopeShape {
+  int64_t B, T, H, KVH, D;
+};
+// Odd half-dimension and grouped KV heads, then llama-mini (d_model 384 / 6 heads, 2 KV heads).
+constexpr RopeShape kRopeShapes[] = {{2, 5, 3, 1, 10}, {8, 256, 6, 2, 64}};
+
+TEST_F(ElementwiseTest, RopeForwardRotatesQueryAndKeyHeadsAndLeavesValues) {
+  for (auto [B, T, H, KVH, D] : kRopeShapes) {
+    const int64_t row = (H + 2 * KVH) * D;
+    Vec cos(T * D / 2), sin(T * D / 2);
+    rope_tables(cos.data(), sin.data(), T, D, 10000.0f);
+    const Vec qkv = normal(B * T * row);
+    const DVec want = naive_rope(to_double(qkv), B, T, H, KVH, D, 10000.0, 1.0);
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(impl_name(fast));
+      Vec x = qkv;
+      fast ? rope_forward(x.data(), cos.data(), sin.data(), B, T, H, KVH, D)
+           : ref::rope_forward(x.data(), cos.data(), sin.data(), B, T, H, KVH, D);
+      EXPECT_TRUE(close_to(x, want, 1e-5)) << "D=" << D;
+      bool v_untouched = true;
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t j = (H + KVH) * D; j < row; ++j) v_untouched &= (x[r * row + j] == qkv[r * row + j]);
+      EXPECT_TRUE(v_untouched);
+    }
+  }
+}
+
+TEST_F(ElementwiseTest, RopeBackwardMatchesFiniteDifferences) {
+  const int64_t B = kRopeShapes[0].B, T = kRopeShapes[0].T, H = kRopeShapes[0].H, KVH = kRopeShapes[0].KVH,
+                D = kRopeShapes[0].D;
+  const int64_t n = B * T * (H + 2 * KVH) * D;
+  Vec cos(T * D / 2), sin(T * D / 2);
+  rope_tables(cos.data(), sin.data(), T, D, 10000.0f);
+  const Vec x = normal(n), weights = normal(n);
+  auto loss = [&](const DVec& p) { return dot(naive_rope(p, B, T, H, KVH, D, 10000.0, 1.0), to_double(weights)); };
+  const DVec fd = finite_differences(loss, to_double(x), all_indices(n));
+  for (bool fast : {false, true}) {
+    SCOPED_TRACE(impl_name(fast));
+    Vec g = weights;  // d loss / d out, turned in place into d loss / d qkv (v passes straight through)
+    fast ? rope_backward(g.data(), cos.data(), sin.data(), B, T, H, KVH, D)
+         : ref::rope_backward(g.data(), cos.data(), sin.data(), B, T, H, KVH, D);
+    EXPECT_TRUE(close_to(g, fd, 1e-5));
+  }
+}
+
+TEST_F(ElementwiseTest, RopeBackwardUndoesForward) {
+  const auto [B, T, H, KVH, D] = kRopeShapes[1];
+  const int64_t n = B * T * (H + 2 * KVH) * D;
+  Vec cos(T * D / 2), sin(T * D / 2);
+  rope_tables(cos.data(), sin.data(), T, D, 10000.0f);
+  const Vec x0 = normal(n);
+  Vec x = x0;
+  rope_forward(x.data(), cos.data(), sin.data(), B, T, H, KVH, D);
+  rope_backward(x.data(), cos.data(), sin.data(), B, T, H, KVH, D);
+  EXPECT_TRUE(close_to(x, to_double(x0), 1e-6));
+}
+
+}  // namespace
+}  // namespace loom::kernels
