@@ -123,6 +123,12 @@ StepTime step_time(const Layout& l, const Job& j) {
   const double cp_bwd = std::max(0.0, 2 * lc.cp_comm - 2 * lc.attn_core);  // K,V and their gradients
   double comp = 3 * lc.gemm, mem = 3 * lc.memory, attn = 3 * lc.attn_core;
   double tp = 2 * lc.tp_comm, ep = 2 * lc.ep_comm, cp = cp_fwd + cp_bwd;
+  // Sequence parallelism saves each GEMM input as its 1/t shard, so backward all-gathers it again for
+  // the weight-gradient GEMMs (attention and MLP: two all-gathers, half an all-reduce's bus bytes each,
+  // i.e. half the forward's TP traffic). Megatron issues them beside the input-gradient GEMMs; without
+  // TP overlap (tp_overlap = false, as every TP collective here) they are exposed. Full recompute
+  // gathers the input in its recomputed forward instead (counted below).
+  if (l.sp && l.recompute != Recompute::Full && !j.software.tp_overlap) tp += lc.tp_comm / 2;
   double rec = 0;
   if (l.recompute == Recompute::Full) {
     comp += lc.gemm, mem += lc.memory, attn += lc.attn_core, tp += lc.tp_comm, ep += lc.ep_comm, cp += cp_fwd;
