@@ -177,12 +177,14 @@ TEST(DataParallelCli, ResumingFromItsOwnCheckpointIsBitwiseIdentical) {
 // resumes bitwise under the same layout, and under another one (here one rank without ZeRO) it continues
 // the same curve.
 TEST(DataParallelCli, ZeroCheckpointsResumeUnderTheSameAndAnotherLayout) {
-  const std::string sets = "--set train.steps=8 --set train.micro_batch_size=2 --set train.eval_every=0";
-  for (const std::string zero : {"1", "2", "3"}) {
-    const std::string same = "-n 2 -- loom train --set parallel.dp=2 --set parallel.zero=" + zero;
-    auto full = train_dp("z" + zero + "-full", 2, sets + " --set parallel.zero=" + zero);
+  // bf16 too: there ZeRO-1/2 shard the f32 masters as well, and rank 0 gathers them for the save.
+  for (const auto& [zero, precision] : {std::pair{"1", "fp32"}, {"2", "fp32"}, {"3", "fp32"}, {"1", "bf16"}, {"3", "bf16"}}) {
+    const std::string sets = std::string("--set train.steps=8 --set train.micro_batch_size=2 --set train.eval_every=0 "
+                                         "--set precision=") + precision;
+    const std::string same = std::string("-n 2 -- loom train --set parallel.dp=2 --set parallel.zero=") + zero;
+    auto full = train_dp(std::string("z") + zero + precision + "-full", 2, sets + " --set parallel.zero=" + zero);
     for (const std::string& resume_layout : {same, std::string("-n 1 -- loom train --set parallel.dp=1")}) {
-      auto part = scratch_dir("z" + zero + "-part");
+      auto part = scratch_dir(std::string("z") + zero + precision + "-part");
       const std::string tail = " --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet " + sets +
                                " --set train.out_dir=" + (part / "out").string() + " --save-dir " + (part / "ck").string();
       ASSERT_EQ(run_loom("run " + same + tail + " --set train.steps=4 --save-every 4").rc, 0);
@@ -306,6 +308,11 @@ TEST(DataParallelCli, CheckReplicasPassesOnHealthyRanksAndNamesOneThatDrifted) {
   auto bad = run_loom(args, "LOOM_FAULT_INJECT=replica_drift");
   EXPECT_NE(bad.rc, 0);
   EXPECT_THAT(bad.err, HasSubstr("step 2: data-parallel replicas drifted: dp rank 2's weights differ from dp rank 0's"));
+  // ZeRO-1 in bf16 shards the f32 masters, so the replicas compare their bf16 copies.
+  std::filesystem::remove_all(dir);
+  auto bad_z1 = run_loom(args + " --set parallel.zero=1 --set precision=bf16", "LOOM_FAULT_INJECT=replica_drift");
+  EXPECT_NE(bad_z1.rc, 0);
+  EXPECT_THAT(bad_z1.err, HasSubstr("dp rank 2's weights differ from dp rank 0's"));
 }
 
 TEST(VerifyCli, EveryLayoutAgreesWithTheFirstOnGpt2AndLlama) {

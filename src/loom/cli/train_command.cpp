@@ -251,7 +251,7 @@ int run_train(const TrainOptions& o) {
       j["peak_bytes_by_category"][std::string(mem_category_name(cat))] = alloc.stats(cat).peak;
       j["live_bytes_by_category"][std::string(mem_category_name(cat))] = alloc.stats(cat).live;
     }
-    if (trainer.zero_stage() >= 2) j["on_demand_resident_bytes"] = trainer.on_demand_resident_bytes();
+    if (trainer.zero_stage() >= 1) j["on_demand_resident_bytes"] = trainer.on_demand_resident_bytes();
     fmt::print("{}\n", j.dump());
   }
   return 0;

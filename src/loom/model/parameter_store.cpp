@@ -29,7 +29,7 @@ Tensor make_arena(int64_t n, DType dtype, Allocator& alloc, MemCategory category
 ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing)
     : table_(std::move(table)), precision_(precision) {
   const int64_t n = table_.total_numel();
-  master_ = make_arena(n, DType::F32, alloc, MemCategory::Parameters, backing.params_on_demand, master_pages_);
+  master_ = make_arena(n, DType::F32, alloc, MemCategory::Parameters, backing.master_on_demand, master_pages_);
   if (backing.grads_memory) {
     grads_ = Tensor::wrap(backing.grads_memory, {n}, DType::F32);
     grads_.fill_zero();
@@ -37,7 +37,7 @@ ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allo
     grads_ = make_arena(n, DType::F32, alloc, MemCategory::Gradients, backing.grads_on_demand, grad_pages_);
   }
   if (precision_ == Precision::BF16)
-    lowp_ = make_arena(n, DType::BF16, alloc, MemCategory::Parameters, backing.params_on_demand, lowp_pages_);
+    lowp_ = make_arena(n, DType::BF16, alloc, MemCategory::Parameters, backing.lowp_on_demand, lowp_pages_);
 }
 
 Tensor ParameterStore::view_of(const Tensor& arena, const spec::ParamSpec& p) const {

@@ -20,11 +20,12 @@ enum class Precision { FP32, BF16 };
 Precision parse_precision(const std::string& s);
 const char* precision_name(Precision p);
 
-// Which arenas are reserved address space backed only where written (ZeRO-3's weights, ZeRO-2's and
-// -3's gradients) instead of allocated whole. Their bytes are not charged to the Allocator here: the
+// Which arenas are reserved address space backed only where written (ZeRO-3's weights, ZeRO-1/2's f32
+// masters in bf16 mode, ZeRO-2's and -3's gradients) instead of allocated whole. Their bytes are not charged to the Allocator here: the
 // ZeRO engine charges what it keeps resident.
 struct ArenaBacking {
-  bool params_on_demand = false;  // master and bf16 copies
+  bool master_on_demand = false;  // f32 masters
+  bool lowp_on_demand = false;    // bf16 copies
   bool grads_on_demand = false;
   // Memory for the gradient arena provided by the caller (the dp group's registered communication
   // memory, which collectives read in place): total_numel() floats that outlive the store. Zeroed

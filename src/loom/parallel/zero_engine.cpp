@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <string>
 
 #include "loom/error.h"
@@ -39,7 +40,11 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   if (plan_.dp() != dp.size())
     throw Error("internal: ZeRO plan for " + std::to_string(plan_.dp()) + " ranks on a group of " +
                 std::to_string(dp.size()));
-  if ((stage_ == 3) != (a_.master_pages != nullptr) || (stage_ >= 2) != (a_.grad_pages != nullptr))
+  // Which arenas are on demand: ZeRO-3 the weights (masters and bf16 copies); ZeRO-1/2 in bf16 mode the
+  // f32 masters only (replicas read the bf16 copies); ZeRO-2/3 the gradients.
+  const bool weights_ok = stage_ == 3 ? a_.master_pages && (!a_.lowp || a_.lowp_pages)
+                                      : !a_.lowp_pages && (!a_.master_pages || a_.lowp);
+  if (!weights_ok || (stage_ >= 2) != (a_.grad_pages != nullptr))
     throw Error("internal: ZeRO-" + std::to_string(stage_) + " needs on-demand arenas exactly for what it shards");
   const size_t n = plan_.units();
   held_.assign(n, stage_ == 3 ? Held::Sharded : Held::Gathered);
@@ -51,7 +56,15 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   reducing_.resize(n);
   scratch_.assign(n, false);
   const int64_t own = plan_.local_size(rank_);
-  if (a_.master_pages) own_param_bytes_ = own * static_cast<int64_t>(sizeof(float) + (a_.lowp ? sizeof(bf16) : 0));
+  if (stage_ == 3) {
+    own_param_bytes_ = own * static_cast<int64_t>(sizeof(float) + (a_.lowp ? sizeof(bf16) : 0));
+  } else if (a_.master_pages) {
+    // The bf16 copies are allocated whole (charged by their owner); of the masters this rank keeps its
+    // pieces and every element the model reads in f32.
+    int64_t f32_others = 0;
+    for (size_t u = 0; u < n; ++u) f32_others += f32_within(plan_.unit(u)) - f32_within(plan_.piece(u, rank_));
+    own_param_bytes_ = (own + f32_others) * static_cast<int64_t>(sizeof(float));
+  }
   if (a_.grad_pages) own_grad_bytes_ = own * static_cast<int64_t>(sizeof(float));
   charge(MemCategory::Parameters, own_param_bytes_);
   charge(MemCategory::Gradients, own_grad_bytes_);
@@ -122,11 +135,18 @@ void ZeroEngine::prefetch(size_t u) {
     return;
   }
   const int64_t others_n = unit.size() - mine.size();
+  const int64_t f32_others = a_.lowp ? f32_within(unit) - f32_within(mine) : 0;
+  charged_[u] = a_.lowp ? others_n * static_cast<int64_t>(sizeof(bf16)) + f32_others * static_cast<int64_t>(sizeof(float))
+                        : others_n * static_cast<int64_t>(sizeof(float));
+  charge(MemCategory::Parameters, charged_[u]);
+  issue_gather(u);
+}
+
+void ZeroEngine::issue_gather(size_t u) {
+  const ArenaRange unit = plan_.unit(u), mine = plan_.piece(u, rank_);
   held_[u] = Held::InFlight;
   const auto counts = plan_.counts(u);
   if (!a_.lowp) {
-    charged_[u] = others_n * static_cast<int64_t>(sizeof(float));
-    charge(MemCategory::Parameters, charged_[u]);
     gather_[u] = dp_.all_gather_v(a_.master + mine.begin, a_.master + unit.begin, counts, DType::F32);
     return;
   }
@@ -135,8 +155,6 @@ void ZeroEngine::prefetch(size_t u) {
   std::vector<size_t> f32_counts(counts.size());
   for (int r = 0; r < plan_.dp(); ++r) f32_counts[static_cast<size_t>(r)] = static_cast<size_t>(f32_within(plan_.piece(u, r)));
   const int64_t f32_all = f32_within(unit), f32_mine = static_cast<int64_t>(f32_counts[static_cast<size_t>(rank_)]);
-  charged_[u] = others_n * static_cast<int64_t>(sizeof(bf16)) + (f32_all - f32_mine) * static_cast<int64_t>(sizeof(float));
-  charge(MemCategory::Parameters, charged_[u]);
   gather_[u] = dp_.all_gather_v(a_.lowp + mine.begin, a_.lowp + unit.begin, counts, DType::BF16);
   if (f32_all == 0) return;
   f32_send_[u] = scratch(static_cast<size_t>(std::max<int64_t>(f32_mine, 1)) * sizeof(float));
@@ -152,6 +170,10 @@ void ZeroEngine::prefetch(size_t u) {
 void ZeroEngine::require(size_t u) {
   if (stage_ < 3) return;
   prefetch(u);
+  complete_gather(u);
+}
+
+void ZeroEngine::complete_gather(size_t u) {
   if (held_[u] != Held::InFlight) return;
   wait(gather_[u], "zero_gather_wait");
   wait(gather_f32_[u], "zero_gather_wait");
@@ -191,11 +213,36 @@ void ZeroEngine::release(size_t u) {
 
 void ZeroEngine::release_all() {
   for (size_t u = 0; u < plan_.units(); ++u) release(u);
+  if (stage_ < 3 && full_masters_) {  // ZeRO-1/2 after a checkpoint gather on this rank
+    drop_unowned_masters();
+    for (auto& c : charged_) charge(MemCategory::Parameters, -std::exchange(c, 0));
+  }
   full_masters_ = false;
 }
 
+void ZeroEngine::drop_unowned_masters() {
+  if (stage_ == 3 || !a_.master_pages) return;
+  // The masters of other ranks' pieces that the model reads only as bf16 copies: nobody reads them.
+  for (size_t u = 0; u < plan_.units(); ++u) {
+    const auto [before, after] = others(u);
+    for (const ArenaRange& r : {before, after}) {
+      int64_t at = r.begin;
+      auto drop = [&](int64_t end) {
+        if (end > at)
+          a_.master_pages->release(static_cast<size_t>(at) * sizeof(float), static_cast<size_t>(end - at) * sizeof(float),
+                                   a_.release);
+      };
+      for_each_overlap(f32_, r, [&](const ArenaRange& o) {
+        drop(o.begin);
+        at = o.end;
+      });
+      drop(r.end);
+    }
+  }
+}
+
 void ZeroEngine::gather_full_masters(int root) {
-  if (stage_ < 3) return;
+  if (!a_.master_pages) return;  // the masters are whole on every rank
   release_all();
   std::vector<comm::Work> works;
   for (size_t u = 0; u < plan_.units(); ++u) {
@@ -209,7 +256,8 @@ void ZeroEngine::gather_full_masters(int root) {
     for (int r = 0; r < plan_.dp(); ++r) {
       const ArenaRange p = plan_.piece(u, r);
       if (r == root || p.size() == 0) continue;
-      charged_[u] += p.size() * static_cast<int64_t>(sizeof(float));
+      // ZeRO-1/2 keep the f32-read elements of every piece already.
+      charged_[u] += (p.size() - (stage_ < 3 ? f32_within(p) : 0)) * static_cast<int64_t>(sizeof(float));
       works.push_back(dp_.recv(a_.master + p.begin, static_cast<size_t>(p.size()), DType::F32, r, tag));
     }
   }
@@ -275,6 +323,13 @@ void ZeroEngine::zero_owned_grads() {
 
 void ZeroEngine::all_gather_masters() {
   if (stage_ >= 3) return;
+  if (a_.master_pages) {
+    // Sharded masters (bf16 mode): the updated bf16 copies travel, plus the f32-read elements exactly.
+    for (size_t u = 0; u < plan_.units(); ++u)
+      if (plan_.unit(u).size() > 0) issue_gather(u);
+    for (size_t u = 0; u < plan_.units(); ++u) complete_gather(u);
+    return;
+  }
   std::vector<comm::Work> works;
   for (size_t u = 0; u < plan_.units(); ++u) {
     const ArenaRange unit = plan_.unit(u), mine = plan_.piece(u, rank_);

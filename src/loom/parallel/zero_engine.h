@@ -72,14 +72,22 @@ class ZeroEngine {
   void zero_owned_grads();
 
   // ---- ZeRO-1/2 after the optimizer step ----
-  // Every rank updated its pieces of the f32 masters; all of them need all of it.
+  // Every rank updated its pieces of the weights; all of them need all of it: the f32 masters, or, when
+  // the masters are sharded (bf16 mode), the bf16 copies and the f32-read elements.
   void all_gather_masters();
+  // ZeRO-1/2 with sharded masters, after the masters were written whole (initialisation, a checkpoint
+  // load): gives back the pages of other ranks' masters that the model never reads in f32.
+  void drop_unowned_masters();
+  bool masters_sharded() const { return a_.master_pages != nullptr; }
 
   // Wall seconds the calling thread spent waiting for this engine's collectives (cumulative).
   double wait_seconds() const { return wait_seconds_; }
 
  private:
   enum class Held { Sharded, InFlight, Gathered };
+  // Shared by ZeRO-3's gathers and ZeRO-1/2's sharded-master gather (no accounting here).
+  void issue_gather(size_t u);     // starts unit u's gather
+  void complete_gather(size_t u);  // waits for it and unpacks the f32-read elements
   // Scratch for a collective: the group's registered memory when it has room (read in place by the
   // collective, its pages backed once and reused), else the allocator's.
   struct Scratch {

@@ -93,9 +93,16 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
 
   EngineMemory m;
   // ZeRO-3 holds the embeddings and head for the whole micro-batch and two blocks at a time (one in
-  // use, the next prefetched).
-  m.parameters = stage == 3 ? owned * weight_bytes + gathered_weights(embed) + gathered_weights(head) + 2 * largest_block
-                            : total * weight_bytes;
+  // use, the next prefetched). ZeRO-1/2 in bf16 keep the bf16 copies whole and, of the f32 masters,
+  // this rank's pieces and every element read in f32.
+  double f32_others = 0;
+  for (const auto& u : units) f32_others += static_cast<double>(u.f32_read - u.f32_read_owned);
+  if (stage == 3)
+    m.parameters = owned * weight_bytes + gathered_weights(embed) + gathered_weights(head) + 2 * largest_block;
+  else if (stage >= 1 && bf16)
+    m.parameters = total * 2 + (owned + f32_others) * 4;
+  else
+    m.parameters = total * weight_bytes;
   // ZeRO-2/3 keep the embedding gradient for all of backward, and two other units' scratch: the one in
   // backward and the one whose reduction is still landing (the head's at first).
   m.gradients = stage >= 2 ? owned * 4 + gathered_grads(embed) +

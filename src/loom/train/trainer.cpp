@@ -41,7 +41,10 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   if (stage_ >= 1) plan.emplace(parallel::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
   const std::vector<spec::ArenaRange> mine = plan ? plan->pieces(dp_rank_) : std::vector<spec::ArenaRange>{};
   // ZeRO-3 reserves the weight arenas and backs only this rank's pieces; ZeRO-2/3 likewise the gradients.
-  model::ArenaBacking backing{stage_ == 3, stage_ >= 2, nullptr};
+  // ZeRO-1/2 in bf16 mode shard the f32 masters too: replicas compute from the bf16 copies (and the few
+  // elements read in f32), so only the optimizer's pieces need f32 masters.
+  const bool lowp_mode = cfg_.precision == model::Precision::BF16;
+  model::ArenaBacking backing{stage_ == 3 || (stage_ >= 1 && lowp_mode), stage_ == 3, stage_ >= 2, nullptr};
   if (dp_ && stage_ <= 1) {
     const size_t bytes = static_cast<size_t>(table.total_numel()) * sizeof(float);
     try {
@@ -75,6 +78,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
       if (!p.gemm_only) f32_read.push_back({p.offset, p.offset + p.numel()});
     zero_ = std::make_unique<parallel::ZeroEngine>(std::move(*plan), stage_, arenas, std::move(f32_read), *dp_, alloc,
                                                    backend_.tracer());
+    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: initialised whole, kept sharded
   }
   if (dp_) {
     hooks_ = std::make_unique<StepHooks>(L, buckets_.get(), block_starts, zero_.get());
@@ -142,7 +146,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     // ZeRO-1/2: each rank updated its pieces of the weights; every replica needs all of them. (ZeRO-3
     // gathers each unit when the next forward reaches it.)
     zero_->all_gather_masters();
-    params_->refresh_lowp();
+    if (!zero_->masters_sharded()) params_->refresh_lowp();
   }
   if (zero_) exposed += zero_->wait_seconds() - zero_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -202,12 +206,15 @@ void Trainer::check_replicas(int64_t step) {
   if (const char* f = std::getenv("LOOM_FAULT_INJECT"); f && std::string(f) == "replica_drift" && dp_rank_ == dp_size_ - 1) {
     float* w = params_->master().data<float>();
     w[0] = std::nextafter(w[0], 1e30f);
+    if (params_->lowp().defined()) params_->lowp().data<bf16>()[0].bits += 1;  // what sharded-master replicas compare
   }
   auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.data<float>(), t.numel() * sizeof(float)) : 0; };
-  // Under ZeRO-1/2 the moments are pieces, different by design: only the weights must agree.
+  // Under ZeRO-1/2 the moments are pieces, different by design: only the weights must agree (the bf16
+  // copies where the f32 masters are sharded too).
   const bool moments = !optimizer_->sharded();
-  const uint64_t mine[3] = {hash_of(params_->master()), moments ? hash_of(optimizer_->m()) : 0,
-                            moments ? hash_of(optimizer_->v()) : 0};
+  auto hash_lowp = [](const Tensor& t) { return checksum64(t.data<bf16>(), t.nbytes()); };
+  const uint64_t weights = zero_ && zero_->masters_sharded() ? hash_lowp(params_->lowp()) : hash_of(params_->master());
+  const uint64_t mine[3] = {weights, moments ? hash_of(optimizer_->m()) : 0, moments ? hash_of(optimizer_->v()) : 0};
   std::vector<uint64_t> all(3 * static_cast<size_t>(dp_size_));
   dp_->all_gather(mine, all.data(), 3, DType::I64).wait();
   const char* what[3] = {"weights", "AdamW first moments", "AdamW second moments"};
@@ -288,7 +295,10 @@ size_t Trainer::on_demand_resident_bytes() const {
 void Trainer::weights_changed() {
   const auto held = weights_held();
   params_->refresh_lowp(held);
-  if (zero_) zero_->release_all();
+  if (zero_) {
+    zero_->release_all();
+    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: loaded whole, kept sharded
+  }
 }
 
 double Trainer::dp_sum(double v) const {
