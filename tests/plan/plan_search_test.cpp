@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/error.h"
+#include "loom/plan/engine_memory.h"
 #include "loom/plan/search.h"
 #include "loom/plan/validation.h"
 
@@ -140,4 +141,20 @@ TEST(PlanCli, PrintsJsonForAJobAndOneLineErrors) {
   EXPECT_EQ(rc, 1);
   EXPECT_EQ(out.find("loom: error: unknown model 'nope'"), 0u) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+}
+
+// --engine loom: only the layouts Loom's engine runs (dp x ZeRO x micro-batch), with its own memory.
+TEST(Search, TheLoomEngineProfileSearchesOnlyWhatTheEngineRuns) {
+  Job j = job("mini", "h100:4", 256, 64);
+  j.software.loom_engine = true;
+  auto r = search(j, {}, 100);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_GT(r.rejected[Reject::Engine], 0);
+  for (auto& c : r.ranked) {
+    const auto& l = c.layout;
+    EXPECT_EQ(l.tp * l.pp * l.cp * l.ep, 1) << l.str();
+    EXPECT_FALSE(l.sp) << l.str();
+    EXPECT_EQ(l.recompute, Recompute::None) << l.str();
+    EXPECT_DOUBLE_EQ(c.memory.total, loom_engine_memory(j.model.cfg, l, j.seq, true).total()) << l.str();
+  }
 }

@@ -56,7 +56,7 @@ struct Job {
 // Validates the job itself (seq within the model, batch positive, ...). Throws ConfigError.
 void check_job(const Job& job);
 
-enum class Reject { None, Divisibility, Batch, Memory };
+enum class Reject { None, Divisibility, Batch, Memory, Engine };
 std::string_view reject_name(Reject r);
 struct Verdict {
   Reject reject = Reject::None;
