@@ -137,6 +137,31 @@ TEST(MemoryModel, ZeroStagesShardStateOverDataParallelRanks) {
   EXPECT_NEAR(memory_per_device(l, j).weights, 2 * P / 16, 1);
 }
 
+// Routing imbalance sizes the expert work by the busiest rank: slower steps, more activation and
+// dispatch memory for a mixture of experts; a dense model does not notice.
+TEST(TimeModel, MoeImbalanceSlowsExpertWorkOnlyForMixturesOfExperts) {
+  Job moe;
+  moe.model = plan_model("mixtral-8x7b");
+  moe.cluster = resolve_cluster("h100:32", kDirs);
+  moe.seq = 4096, moe.global_batch = 64;
+  const Layout l{.dp = 8, .tp = 4, .ep = 8, .micro_batch = 1};
+  ASSERT_TRUE(check_layout(l, moe).ok()) << check_layout(l, moe).why;
+  const StepTime uniform = step_time(l, moe);
+  const MemoryBreakdown uniform_mem = memory_per_device(l, moe);
+  moe.software.moe_imbalance = 1.5;
+  const StepTime skewed = step_time(l, moe);
+  EXPECT_GT(skewed.compute, uniform.compute * 1.1);  // the expert MLPs are most of the GEMM time
+  EXPECT_GT(skewed.ep, uniform.ep * 1.4);             // dispatch bytes scale with the busiest rank
+  EXPECT_GT(memory_per_device(l, moe).activations, uniform_mem.activations);
+  EXPECT_DOUBLE_EQ(skewed.model_flops, uniform.model_flops);  // MFU still counts the useful FLOPs
+
+  Job dense = megatron_job("megatron-7.5b", 64, 512);
+  const Layout d{.dp = 16, .tp = 4, .micro_batch = 1};
+  const double before = step_time(d, dense).total;
+  dense.software.moe_imbalance = 1.5;
+  EXPECT_DOUBLE_EQ(step_time(d, dense).total, before);
+}
+
 TEST(CollectiveCost, AlphaBetaWithNcclTestsBusBandwidthFactors) {
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllReduce, 8), 2 * 7.0 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllGather, 4), 3.0 / 4);

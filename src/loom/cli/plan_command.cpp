@@ -18,6 +18,7 @@ namespace {
 
 struct PlanOptions {
   std::string model, cluster, precision = "bf16", validate, engine = "megatron";
+  double moe_imbalance = 1.0;
   int64_t seq = 0, global_batch = 0;
   std::vector<std::string> fix;
   int top = 10;
@@ -123,6 +124,7 @@ int run_plan(const PlanOptions& o) {
   job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
   job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision;
   job.software.loom_engine = o.engine == "loom";
+  job.software.moe_imbalance = o.moe_imbalance;
   if (job.software.loom_engine && o.precision != "bf16")
     throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
   plan::Fixed fixed;
@@ -187,6 +189,9 @@ void register_plan(CLI::App& app, Action& action) {
                   "whose memory conventions: megatron (default; what the published rows ran) or loom (Loom's own "
                   "engine, exact to its measured peaks; only the layouts it runs: dp x ZeRO)")
       ->check(CLI::IsMember({"megatron", "loom"}));
+  cmd->add_option("--moe-imbalance", o->moe_imbalance,
+                  "MoE: the busiest expert-parallel rank's routed tokens over the mean (default 1: uniform routing)")
+      ->check(CLI::Range(1.0, 64.0));
   cmd->callback([&action, o] { action = [o] { return run_plan(*o); }; });
 }
 

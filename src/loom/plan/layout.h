@@ -38,6 +38,10 @@ struct Software {
   bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
   double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
+  // MoE routing imbalance: the busiest expert-parallel rank's routed tokens over the mean (1: uniform).
+  // Every rank waits for the busiest in the all-to-alls, so expert GEMMs, their activations and the
+  // dispatch traffic are sized by it.
+  double moe_imbalance = 1.0;
   // Memory as Loom's own engine holds it (engine_memory.h: f32 masters, its activation buffers, its
   // ZeRO units) instead of Megatron-LM's conventions; only layouts the engine runs (dp x ZeRO).
   bool loom_engine = false;
