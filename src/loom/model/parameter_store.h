@@ -63,7 +63,7 @@ class ParameterStore {
   void zero_grads();
 
   // The on-demand arenas' reservations (nullptr where the arena is allocated whole).
-  PageReservation* param_pages() { return master_pages_.get(); }
+  PageReservation* master_pages() { return master_pages_.get(); }
   PageReservation* lowp_pages() { return lowp_pages_.get(); }
   PageReservation* grad_pages() { return grad_pages_.get(); }
 

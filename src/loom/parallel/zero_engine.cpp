@@ -54,7 +54,7 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   f32_send_.resize(n);
   f32_recv_.resize(n);
   reducing_.resize(n);
-  scratch_.assign(n, false);
+  grad_scratch_.assign(n, false);
   const int64_t own = plan_.local_size(rank_);
   if (stage_ == 3) {
     own_param_bytes_ = own * static_cast<int64_t>(sizeof(float) + (a_.lowp ? sizeof(bf16) : 0));
@@ -81,7 +81,7 @@ ZeroEngine::~ZeroEngine() {
   }
   for (size_t u = 0; u < plan_.units(); ++u) {
     charge(MemCategory::Parameters, -charged_[u]);
-    if (scratch_[u]) {
+    if (grad_scratch_[u]) {
       const auto [before, after] = others(u);
       charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
     }
@@ -275,8 +275,8 @@ void ZeroEngine::zero_unit_grads(size_t u) {
   const auto [before, after] = others(u);
   for (const ArenaRange& r : {before, after})
     if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
-  if (!scratch_[u]) charge(MemCategory::Gradients, (before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
-  scratch_[u] = true;
+  if (!grad_scratch_[u]) charge(MemCategory::Gradients, (before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+  grad_scratch_[u] = true;
 }
 
 void ZeroEngine::reduce_unit(size_t u) {
@@ -298,13 +298,13 @@ void ZeroEngine::finish_unit(size_t u) {
   for (auto& w : reducing_[u]) wait(w, "zero_reduce_wait");
   reducing_[u].clear();
   reduce_order_.erase(std::remove(reduce_order_.begin(), reduce_order_.end(), u), reduce_order_.end());
-  if (stage_ >= 2 && scratch_[u]) {
+  if (stage_ >= 2 && grad_scratch_[u]) {
     const auto [before, after] = others(u);
     for (const ArenaRange& r : {before, after})
       a_.grad_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
                              a_.release);
     charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
-    scratch_[u] = false;
+    grad_scratch_[u] = false;
   }
 }
 
@@ -313,7 +313,7 @@ void ZeroEngine::finish_all() {
   for (size_t u : pending) finish_unit(u);
   // Units whose reduction had nothing to send (empty) may still hold scratch pages.
   for (size_t u = 0; u < plan_.units(); ++u)
-    if (scratch_[u]) finish_unit(u);
+    if (grad_scratch_[u]) finish_unit(u);
 }
 
 void ZeroEngine::zero_owned_grads() {
@@ -323,20 +323,11 @@ void ZeroEngine::zero_owned_grads() {
 
 void ZeroEngine::all_gather_masters() {
   if (stage_ >= 3) return;
-  if (a_.master_pages) {
-    // Sharded masters (bf16 mode): the updated bf16 copies travel, plus the f32-read elements exactly.
-    for (size_t u = 0; u < plan_.units(); ++u)
-      if (plan_.unit(u).size() > 0) issue_gather(u);
-    for (size_t u = 0; u < plan_.units(); ++u) complete_gather(u);
-    return;
-  }
-  std::vector<comm::Work> works;
-  for (size_t u = 0; u < plan_.units(); ++u) {
-    const ArenaRange unit = plan_.unit(u), mine = plan_.piece(u, rank_);
-    if (unit.size() > 0)
-      works.push_back(dp_.all_gather_v(a_.master + mine.begin, a_.master + unit.begin, plan_.counts(u), DType::F32));
-  }
-  for (auto& w : works) wait(w, "zero_all_gather_wait");
+  // ZeRO-3's gathers, all units issued at once: f32 masters, or with sharded masters (bf16 mode) the
+  // bf16 copies plus the f32-read elements exactly.
+  for (size_t u = 0; u < plan_.units(); ++u)
+    if (plan_.unit(u).size() > 0) issue_gather(u);
+  for (size_t u = 0; u < plan_.units(); ++u) complete_gather(u);
 }
 
 }  // namespace loom::parallel

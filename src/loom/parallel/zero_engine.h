@@ -1,8 +1,9 @@
-// ZeRO's communication over the parameter arena, unit by unit (see ShardPlan): reduce-scattering each
-// unit's gradients into the ranks that own them, and under ZeRO-3 gathering each unit's weights just
-// before use and giving the pages back after. It works on the arenas' raw addresses, which stay fixed
-// for the run (ZeRO-3's arenas are reserved address space, backed only where written), and charges the
-// Allocator exactly what it keeps resident, so the memory report shows the sharding.
+// ZeRO's communication over the parameter arena, unit by unit (see spec::ShardPlan): reduce-scattering
+// each unit's gradients into the ranks that own them, gathering the updated weights after the step
+// (ZeRO-1/2), and under ZeRO-3 gathering each unit's weights just before use and giving the pages back
+// after. It works on the arenas' raw addresses, which stay fixed for the run (sharded arenas are
+// reserved address space, backed only where written), and charges the Allocator exactly what it keeps
+// resident, so the memory report shows the sharding.
 #pragma once
 
 #include <chrono>
@@ -13,16 +14,20 @@
 #include "loom/core/allocator.h"
 #include "loom/core/bf16.h"
 #include "loom/core/page_reservation.h"
-#include "loom/parallel/shard_plan.h"
+#include "loom/spec/shard_plan.h"
 #include "loom/profile/tracer.h"
 
 namespace loom::parallel {
+
+using spec::ArenaRange;
+using spec::ShardPlan;
 
 struct ZeroArenas {
   float* master = nullptr;  // f32 [total]
   bf16* lowp = nullptr;     // bf16 [total] in bf16 mode, else nullptr
   float* grads = nullptr;   // f32 [total]
-  // Reservations of the on-demand arenas (ZeRO-3: master and lowp; ZeRO-2/3: grads); nullptr otherwise.
+  // Reservations of the on-demand arenas (ZeRO-3: master and lowp; ZeRO-1/2 in bf16 mode: master;
+  // ZeRO-2/3: grads); nullptr otherwise.
   PageReservation* master_pages = nullptr;
   PageReservation* lowp_pages = nullptr;
   PageReservation* grad_pages = nullptr;
@@ -33,8 +38,8 @@ struct ZeroArenas {
 class ZeroEngine {
  public:
   // stage: 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters). f32_read: the arena ranges
-  // (ascending) the model reads in f32 even in bf16 mode (norm gains, biases, embeddings): ZeRO-3
-  // gathers those exactly beside the bf16 copies, so every layout computes with the same values.
+  // (ascending) the model reads in f32 even in bf16 mode (norm gains, biases, embeddings): weight
+  // gathers move those exactly beside the bf16 copies, so every layout computes with the same values.
   ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector<ArenaRange> f32_read, comm::ProcessGroup& dp,
              Allocator& alloc, profile::Tracer* tracer = nullptr);
   ~ZeroEngine();
@@ -43,19 +48,19 @@ class ZeroEngine {
 
   const ShardPlan& plan() const { return plan_; }
   int stage() const { return stage_; }
-  int rank() const { return rank_; }
   std::vector<ArenaRange> owned() const { return plan_.pieces(rank_); }
 
   // ---- ZeRO-3 weights ----
   // Issues the all-gather of unit u's weights (bf16 copies in bf16 mode) unless gathered or under way.
   void prefetch(size_t u);
-  // Unit u's weights are readable on return (gathered, bf16 copies widened into the masters).
+  // Unit u's weights are readable on return (gathered; in bf16 mode the f32-read elements unpacked).
   void require(size_t u);
   // Gives back unit u's gathered pages; this rank's piece stays.
   void release(size_t u);
   void release_all();
-  // Every unit's exact f32 masters on dp rank `root` (a checkpoint is being written; the other ranks
-  // only send their pieces, so they need no memory for it); release_all() afterwards on every rank.
+  // Where the masters are sharded: every unit's exact f32 masters on dp rank `root` (a checkpoint is
+  // being written; the other ranks only send their pieces, so they need no memory for it);
+  // release_all() afterwards on every rank.
   void gather_full_masters(int root);
 
   // ---- gradients ----
@@ -119,7 +124,7 @@ class ZeroEngine {
   // bf16 mode: the f32-read elements of a unit in flight, this rank's packed and everyone's gathered.
   std::vector<Scratch> f32_send_, f32_recv_;
   std::vector<std::vector<comm::Work>> reducing_;  // per unit, empty when finished
-  std::vector<bool> scratch_;                       // ZeRO-2/3: unit's non-owned gradients resident
+  std::vector<bool> grad_scratch_;                  // ZeRO-2/3: unit's non-owned gradients resident
   std::vector<size_t> reduce_order_;                // units reduced and not finished, oldest first
   bool full_masters_ = false;                       // gather_full_masters() ran here; lowp not gathered
   double wait_seconds_ = 0;

@@ -6,33 +6,34 @@
 
 #include "loom/error.h"
 #include "loom/spec/param_table.h"
+#include "loom/spec/shard_plan.h"
 
 namespace loom::plan {
 
 namespace {
 
-// A ZeRO unit as the engine cuts it (parallel/shard_plan.h): rank 0 owns its first size/dp elements.
+using spec::ArenaRange;
+
+// A ZeRO unit as the engine cuts it (spec::ShardPlan), with what the model reads of it in f32.
 struct Unit {
-  int64_t begin = 0, end = 0;
+  ArenaRange range, rank0;                   // the unit and dp rank 0's piece of it
   int64_t f32_read = 0, f32_read_owned = 0;  // elements the model reads in f32 (all, and rank 0's)
-  int64_t size() const { return end - begin; }
+  int64_t size() const { return range.size(); }
+  int64_t owned() const { return rank0.size(); }
 };
 
 std::vector<Unit> units_of(const spec::ParamTable& table, int64_t n_layers, int dp) {
-  std::vector<int64_t> bounds{0};
-  for (int64_t s : table.block_starts(n_layers)) bounds.push_back(std::clamp(s, bounds.back(), table.total_numel()));
-  bounds.push_back(table.total_numel());
+  const spec::ShardPlan plan(spec::unit_bounds_from_blocks(table.block_starts(n_layers), table.total_numel()), dp);
+  auto f32_in = [&](const ArenaRange& r) {
+    int64_t n = 0;
+    for (const auto& p : table.params())
+      if (!p.gemm_only) n += std::max<int64_t>(0, std::min(p.offset + p.numel(), r.end) - std::max(p.offset, r.begin));
+    return n;
+  };
   std::vector<Unit> units;
-  for (size_t u = 0; u + 1 < bounds.size(); ++u) {
-    Unit x{bounds[u], bounds[u + 1]};
-    const int64_t owned_end = x.begin + x.size() / dp;
-    for (const auto& p : table.params()) {
-      if (p.gemm_only) continue;
-      const int64_t lo = std::max(p.offset, x.begin), hi = std::min(p.offset + p.numel(), x.end);
-      if (hi > lo) x.f32_read += hi - lo;
-      const int64_t olo = std::max(p.offset, x.begin), ohi = std::min(p.offset + p.numel(), owned_end);
-      if (ohi > olo) x.f32_read_owned += ohi - olo;
-    }
+  for (size_t u = 0; u < plan.units(); ++u) {
+    Unit x{plan.unit(u), plan.piece(u, 0)};
+    x.f32_read = f32_in(x.range), x.f32_read_owned = f32_in(x.rank0);
     units.push_back(x);
   }
   return units;
@@ -73,16 +74,16 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   const auto units = units_of(table, cfg.n_layers, dp);
   const double total = static_cast<double>(table.total_numel());
   double owned = 0;
-  for (const auto& u : units) owned += static_cast<double>(u.size() / dp);
+  for (const auto& u : units) owned += static_cast<double>(u.owned());
   const double weight_bytes = 4 + (bf16 ? 2 : 0);  // f32 master (+ bf16 copy)
 
   // What a gathered unit adds on rank 0 (the other ranks' elements), for weights and for gradients.
   auto gathered_weights = [&](const Unit& u) {
-    const double others = static_cast<double>(u.size() - u.size() / dp);
+    const double others = static_cast<double>(u.size() - u.owned());
     if (!bf16) return others * 4;
     return others * 2 + static_cast<double>(u.f32_read - u.f32_read_owned) * 4;  // bf16 copies + exact f32
   };
-  auto gathered_grads = [&](const Unit& u) { return static_cast<double>(u.size() - u.size() / dp) * 4; };
+  auto gathered_grads = [&](const Unit& u) { return static_cast<double>(u.size() - u.owned()) * 4; };
   const Unit& embed = units.front();
   const Unit& head = units.back();
   double largest_block = 0, largest_block_grads = 0;

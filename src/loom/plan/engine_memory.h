@@ -1,7 +1,7 @@
 // What Loom's own engine holds per rank, in the categories its allocator reports (parameters,
 // gradients, optimizer, activations), for the layouts it runs today (data parallelism with ZeRO 0-3):
 // the planner's prediction of `loom train --json`'s peak_bytes_by_category, derived from the model
-// description alone. It mirrors the engine's buffers (model/activations.h, parallel/shard_plan.*,
+// description alone. It mirrors the engine's buffers (model/activations.h, spec/shard_plan.h,
 // parallel/zero_engine.*) and differs from the Megatron-style memory model (memory_model.h) in its
 // conventions: f32 masters count as parameters, activations are the engine's f32 tensors plus bf16
 // copies of GEMM inputs, and ZeRO-3's gathered units and ZeRO-2/3's gradient scratch are peaks.

@@ -37,8 +37,8 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   stage_ = dp_ ? static_cast<int>(cfg_.parallel.zero) : 0;
   auto table = spec::build_param_table(cfg_.model.resolved);
   const auto block_starts = table.block_starts(L);
-  std::optional<parallel::ShardPlan> plan;
-  if (stage_ >= 1) plan.emplace(parallel::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
+  std::optional<spec::ShardPlan> plan;
+  if (stage_ >= 1) plan.emplace(spec::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
   const std::vector<spec::ArenaRange> mine = plan ? plan->pieces(dp_rank_) : std::vector<spec::ArenaRange>{};
   // ZeRO-3 reserves the weight arenas and backs only this rank's pieces; ZeRO-2/3 likewise the gradients.
   // ZeRO-1/2 in bf16 mode shard the f32 masters too: replicas compute from the bf16 copies (and the few
@@ -69,7 +69,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   if (stage_ >= 1) {
     parallel::ZeroArenas arenas{params_->master().data<float>(),
                                 params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
-                                params_->grads().data<float>(), params_->param_pages(), params_->lowp_pages(),
+                                params_->grads().data<float>(), params_->master_pages(), params_->lowp_pages(),
                                 params_->grad_pages(),
                                 cfg_.parallel.zero_release == "eager" ? PageReservation::Release::Eager
                                                                       : PageReservation::Release::Lazy};
@@ -272,7 +272,7 @@ void Trainer::gather_full_state() {
     }
   }
   for (auto& w : works) w.wait();
-  zero_->gather_full_masters(0);  // ZeRO-3 only
+  zero_->gather_full_masters(0);  // where the masters are sharded (ZeRO-3; ZeRO-1/2 in bf16)
 }
 
 void Trainer::release_full_state() {
@@ -287,7 +287,7 @@ std::vector<spec::ArenaRange> Trainer::weights_held() const {
 
 size_t Trainer::on_demand_resident_bytes() const {
   size_t n = 0;
-  for (const PageReservation* r : {params_->param_pages(), params_->lowp_pages(), params_->grad_pages()})
+  for (const PageReservation* r : {params_->master_pages(), params_->lowp_pages(), params_->grad_pages()})
     if (r) n += r->resident_bytes();
   return n;
 }

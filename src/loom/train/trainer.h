@@ -69,9 +69,9 @@ class Trainer {
   // The arena ranges whose weights this rank holds at rest: its pieces under ZeRO-3, else all (empty).
   std::vector<spec::ArenaRange> weights_held() const;
   // After weights were written from outside (a checkpoint, an import): refreshes the bf16 copies and,
-  // under ZeRO-3, drops whatever is not this rank's.
+  // where the masters are sharded, drops what is not this rank's.
   void weights_changed();
-  // Bytes of the on-demand arenas (ZeRO-2/3) backed by memory right now, as the kernel counts them: a
+  // Bytes of the on-demand (sharded) arenas backed by memory right now, as the kernel counts them: a
   // check on the memory accounting.
   size_t on_demand_resident_bytes() const;
   // ZeRO stage in effect (0 alone or without ZeRO).

@@ -1,11 +1,11 @@
-#include "loom/parallel/shard_plan.h"
+#include "loom/spec/shard_plan.h"
 
 #include <algorithm>
 #include <string>
 
 #include "loom/error.h"
 
-namespace loom::parallel {
+namespace loom::spec {
 
 ShardPlan::ShardPlan(std::vector<int64_t> bounds, int dp) : bounds_(std::move(bounds)), dp_(dp) {
   if (dp_ < 1) throw ConfigError("a ZeRO shard plan needs at least one data-parallel rank, got " + std::to_string(dp_));
@@ -55,4 +55,4 @@ std::vector<int64_t> unit_bounds_from_blocks(const std::vector<int64_t>& block_s
   return b;
 }
 
-}  // namespace loom::parallel
+}  // namespace loom::spec

@@ -1,6 +1,6 @@
 // Which arena elements each data-parallel rank owns under ZeRO: the pure arithmetic behind the
 // reduce-scatters, the gathers and the optimizer's pieces.
-#include "loom/parallel/shard_plan.h"
+#include "loom/spec/shard_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include "loom/error.h"
 #include "loom/spec/param_table.h"
 
-namespace loom::parallel {
+namespace loom::spec {
 namespace {
 
 TEST(ShardPlan, PiecesTileEveryUnitAndTheRemainderGoesToTheLastRank) {
@@ -53,8 +53,8 @@ TEST(ShardPlan, PiecesTileEveryUnitAndTheRemainderGoesToTheLastRank) {
 }
 
 TEST(ShardPlan, UnitsFollowTheModelsBlocks) {
-  spec::TransformerConfig cfg = spec::preset("tiny");
-  const auto table = spec::build_param_table(cfg);
+  TransformerConfig cfg = preset("tiny");
+  const auto table = build_param_table(cfg);
   const auto starts = table.block_starts(cfg.n_layers);
   const auto bounds = unit_bounds_from_blocks(starts, table.total_numel());
   ASSERT_EQ(bounds.size(), static_cast<size_t>(cfg.n_layers) + 3);  // embeddings, L blocks, head
@@ -74,4 +74,4 @@ TEST(ShardPlan, RefusesNoRanksAndUnorderedBounds) {
 }
 
 }  // namespace
-}  // namespace loom::parallel
+}  // namespace loom::spec

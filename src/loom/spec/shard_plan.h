@@ -9,11 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "loom/spec/param_table.h"
+#include "loom/spec/param_table.h"  // ArenaRange
 
-namespace loom::parallel {
-
-using spec::ArenaRange;
+namespace loom::spec {
 
 class ShardPlan {
  public:
@@ -50,4 +48,4 @@ class ShardPlan {
 // and head. A unit a model lacks is empty.
 std::vector<int64_t> unit_bounds_from_blocks(const std::vector<int64_t>& block_starts, int64_t total);
 
-}  // namespace loom::parallel
+}  // namespace loom::spec
