@@ -41,7 +41,6 @@ struct Row {
   std::string name;
   Job job;
   Fixed fixed;
-  toml::table t;
 };
 
 double get(const toml::table& t, const std::string& key, const std::string& row) {
@@ -76,70 +75,53 @@ Candidate plan_row(const Row& r, Recompute rc, bool sp) {
   return *best;
 }
 
-}  // namespace
+struct ParsedRow {
+  Row r;
+  const toml::table* t;
+  int devices, tp, pp;
+};
 
-ValidationReport validate(const std::string& text, const std::string& origin, const std::vector<std::string>& dirs) {
-  toml::table root;
-  try {
-    root = toml::parse(text, origin);
-  } catch (const toml::parse_error& e) {
-    throw ConfigError(fmt::format("{}: line {}: {}", origin, e.source().begin.line, e.description()));
-  }
-  auto* rows = root["row"].as_array();
-  if (!rows || rows->empty()) throw ConfigError(origin + ": no [[row]] entries");
-  ValidationReport rep;
-  struct Throughput {
-    size_t line;
-    double hw_flops, devices, peak;
-  };
-  std::vector<Throughput> thr;
-  for (auto& node : *rows) {
-    auto* t = node.as_table();
-    if (!t) throw ConfigError(origin + ": [[row]] must be a table");
-    Row r;
-    r.name = t->at_path("name").value_or(std::string("?"));
-    r.job.model = plan_model(t->at_path("model").value_or(std::string("?")));
-    const int devices = static_cast<int>(get(*t, "devices", r.name));
-    r.job.cluster = resolve_cluster(t->at_path("hardware").value_or(std::string("?")) + ":" + std::to_string(devices), dirs);
-    r.job.seq = static_cast<int64_t>(get(*t, "seq", r.name));
-    r.job.global_batch = static_cast<int64_t>(get(*t, "global_batch", r.name));
-    if (t->at_path("software").value_or(std::string("loom")) == "megatron") {
-      // Megatron-LM 2021-22: materialised attention scores, dropout, gradient all-reduce after the
-      // last micro-batch (not overlapped), fp32 gradient reduction.
-      r.job.software = {.flash_attention = false, .dropout = true, .dp_overlap = false, .tp_overlap = false, .grad_bytes = 4};
-    }
-    const int tp = static_cast<int>(get(*t, "tp", r.name)), pp = static_cast<int>(get(*t, "pp", r.name));
-    r.fixed.tp = tp, r.fixed.pp = pp, r.fixed.dp = devices / (tp * pp);
-    if (auto mb = (*t)["micro_batch"].value<int>()) r.fixed.micro_batch = *mb;
-    if (auto v = (*t)["vpp"].value<int>()) r.fixed.vpp = *v;
+struct Throughput {
+  size_t line;
+  double hw_flops, devices, peak;
+};
+
+// Every row's predictions with each row's GEMM efficiency (`efficiency.gemm_max`) multiplied by
+// `gemm_scale`; the throughput lines are listed in `thr`.
+void evaluate(const std::vector<ParsedRow>& rows, double gemm_scale, ValidationReport& rep, std::vector<Throughput>& thr) {
+  for (const auto& pr : rows) {
+    Row r = pr.r;
+    r.job.cluster.hw.efficiency.gemm_max *= gemm_scale;
+    const toml::table& t = *pr.t;
+    const int devices = pr.devices, tp = pr.tp, pp = pr.pp;
     const auto& c = r.job.model.cfg;
     const double B = static_cast<double>(r.job.global_batch), s = static_cast<double>(r.job.seq);
     const double peak = r.job.cluster.hw.peak(r.job.precision);
 
-    if (auto pub = (*t)["tflops_96"].value<double>()) {
+    if (auto pub = t["tflops_96"].value<double>()) {
       Candidate k = plan_row(r, Recompute::Full, false);
       double pred = flops96(c, B, s) / (k.time.total * devices) * 1e-12;
       rep.lines.push_back({r.name, "TFLOP/s per GPU (96*)", k.layout.str(), *pub, pred, 0, true});
       thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
     }
     double full = 0, sel = 0;
-    if (auto pub = (*t)["iteration_full_s"].value<double>()) {
+    if (auto pub = t["iteration_full_s"].value<double>()) {
       Candidate k = plan_row(r, Recompute::Full, false);
       full = k.time.total;
       rep.lines.push_back({r.name, "iteration, full recompute (s)", k.layout.str(), *pub, full, 0, true});
       thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
     }
-    if (auto pub = (*t)["iteration_selective_s"].value<double>()) {
+    if (auto pub = t["iteration_selective_s"].value<double>()) {
       Candidate k = plan_row(r, Recompute::Selective, true);
       sel = k.time.total;
       rep.lines.push_back({r.name, "iteration, selective + SP (s)", k.layout.str(), *pub, sel, 0, true});
       const double attn_recompute = 4 * B * s * s * c.d_model * c.n_layers;
       thr.push_back({rep.lines.size() - 1, flops72(c, B, s) + attn_recompute, double(devices), peak});
-      if (auto mfu = (*t)["mfu"].value<double>())
+      if (auto mfu = t["mfu"].value<double>())
         rep.lines.push_back({r.name, "MFU (72*)", k.layout.str(), *mfu, flops72(c, B, s) / (sel * devices * peak), 0, false});
     }
     if (full > 0 && sel > 0) {
-      double pub = get(*t, "iteration_full_s", r.name) / get(*t, "iteration_selective_s", r.name);
+      double pub = get(t, "iteration_full_s", r.name) / get(t, "iteration_selective_s", r.name);
       rep.lines.push_back({r.name, "speed-up full -> selective+SP", "", pub, full / sel, 0, false});
       rep.speedup_worst = std::max(rep.speedup_worst, rep.lines.back().error());
     }
@@ -154,7 +136,7 @@ ValidationReport validate(const std::string& text, const std::string& origin, co
     auto activations = [&](const Layout& l) {
       return static_cast<double>(c.n_layers) / l.pp * activation_bytes_per_layer(l, r.job) * in_flight_micro_batches(l, r.job);
     };
-    if (auto pub = (*t)["state_GiB"].value<double>()) {
+    if (auto pub = t["state_GiB"].value<double>()) {
       Layout l = mem_layout(Recompute::Selective, true);
       StageParams p = stage_params(l, r.job, false);
       StateBytes sb;
@@ -162,17 +144,88 @@ ValidationReport validate(const std::string& text, const std::string& origin, co
       rep.lines.push_back({r.name, "weights + grads + optimizer (GiB)", l.str(), *pub, pred, 0, false});
       rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
     }
-    if (auto pub = (*t)["activations_none_GiB"].value<double>()) {
+    if (auto pub = t["activations_none_GiB"].value<double>()) {
       Layout l = mem_layout(Recompute::None, false);
       rep.lines.push_back({r.name, "activations, no recompute (GiB)", l.str(), *pub, activations(l) / GiB, 0, false});
       rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
     }
-    if (auto pub = (*t)["activations_selective_GiB"].value<double>()) {
+    if (auto pub = t["activations_selective_GiB"].value<double>()) {
       Layout l = mem_layout(Recompute::Selective, true);
       rep.lines.push_back({r.name, "activations, selective + SP (GiB)", l.str(), *pub, activations(l) / GiB, 0, false});
       rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
     }
   }
+}
+
+// One fitted global parameter, in sample and left out: `errors[k][i]` is row i's error with the k-th
+// value of the parameter. In sample: the k with the least mean error; leave-one-out: each row predicted
+// with the k that fits the other rows best.
+struct OneParameterFit {
+  size_t best = 0;
+  double mean = 0, loo_mean = 0;
+};
+OneParameterFit fit_one_parameter(const std::vector<std::vector<double>>& errors) {
+  OneParameterFit f;
+  if (errors.empty() || errors.front().empty()) return f;
+  const size_t n = errors.front().size();
+  std::vector<double> sums(errors.size(), 0);
+  for (size_t k = 0; k < errors.size(); ++k)
+    for (double e : errors[k]) sums[k] += e;
+  f.best = static_cast<size_t>(std::min_element(sums.begin(), sums.end()) - sums.begin());
+  f.mean = sums[f.best] / n;
+  for (size_t i = 0; i < n; ++i) {
+    size_t best_k = 0;
+    for (size_t k = 1; k < errors.size(); ++k)
+      if (sums[k] - errors[k][i] < sums[best_k] - errors[best_k][i]) best_k = k;
+    f.loo_mean += errors[best_k][i] / n;
+  }
+  return f;
+}
+
+}  // namespace
+
+ValidationReport validate(const std::string& text, const std::string& origin, const std::vector<std::string>& dirs) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}: line {}: {}", origin, e.source().begin.line, e.description()));
+  }
+  auto* rows = root["row"].as_array();
+  if (!rows || rows->empty()) throw ConfigError(origin + ": no [[row]] entries");
+  std::vector<ParsedRow> parsed;
+  for (auto& node : *rows) {
+    auto* t = node.as_table();
+    if (!t) throw ConfigError(origin + ": [[row]] must be a table");
+    Row r;
+    r.name = t->at_path("name").value_or(std::string("?"));
+    r.job.model = plan_model(t->at_path("model").value_or(std::string("?")));
+    const int devices = static_cast<int>(get(*t, "devices", r.name));
+    r.job.cluster = resolve_cluster(t->at_path("hardware").value_or(std::string("?")) + ":" + std::to_string(devices), dirs);
+    r.job.seq = static_cast<int64_t>(get(*t, "seq", r.name));
+    r.job.global_batch = static_cast<int64_t>(get(*t, "global_batch", r.name));
+    if (t->at_path("software").value_or(std::string("loom")) == "megatron") {
+      // Megatron-LM 2021-22: materialised attention scores, dropout, no TP overlap. Its "local" DDP
+      // all-reduces the fp32 gradient buffer after the last micro-batch (not overlapped); `ddp = "torch"`
+      // (PyTorch DDP, SC21's pp = 1 runs) reduces the 16-bit gradients in buckets during backward.
+      r.job.software = {.flash_attention = false, .dropout = true, .dp_overlap = false, .tp_overlap = false, .grad_bytes = 4};
+      const std::string ddp = t->at_path("ddp").value_or(std::string("local"));
+      if (ddp == "torch")
+        r.job.software.dp_overlap = true, r.job.software.grad_bytes = 2;
+      else if (ddp != "local")
+        throw ConfigError("validation row '" + r.name + "': ddp = \"" + ddp + "\" is not \"local\" or \"torch\"");
+    }
+    const int tp = static_cast<int>(get(*t, "tp", r.name)), pp = static_cast<int>(get(*t, "pp", r.name));
+    r.fixed.tp = tp, r.fixed.pp = pp, r.fixed.dp = devices / (tp * pp);
+    if (auto mb = (*t)["micro_batch"].value<int>()) r.fixed.micro_batch = *mb;
+    if (auto v = (*t)["vpp"].value<int>()) r.fixed.vpp = *v;
+    parsed.push_back({std::move(r), t, devices, tp, pp});
+  }
+
+  ValidationReport rep;
+  std::vector<Throughput> thr;
+  evaluate(parsed, 1.0, rep, thr);
+
   // The bar to beat: one hardware-FLOP utilisation u for all throughput rows (time = FLOPs / (u N peak)),
   // u chosen to minimise the mean relative throughput error.
   auto constant_pred = [&](const Throughput& x, double u) {
@@ -180,18 +233,21 @@ ValidationReport validate(const std::string& text, const std::string& origin, co
     double time = x.hw_flops / (u * x.devices * x.peak);
     return line.metric.find("(s)") != std::string::npos ? time : x.hw_flops / (time * x.devices) * 1e-12;
   };
-  double best_u = 0, best_mean = 1e9;
+  std::vector<double> utilisations;
+  std::vector<std::vector<double>> constant_errors;
   for (double u = 0.20; u <= 0.80; u += 0.0005) {
-    double sum = 0;
+    utilisations.push_back(u);
+    auto& errs = constant_errors.emplace_back();
     for (auto& x : thr) {
       ValidationLine l = rep.lines[x.line];
       l.constant = constant_pred(x, u);
-      sum += l.constant_error();
+      errs.push_back(l.constant_error());
     }
-    if (!thr.empty() && sum / thr.size() < best_mean) best_mean = sum / thr.size(), best_u = u;
   }
-  rep.constant_utilisation = best_u;
-  for (auto& x : thr) rep.lines[x.line].constant = constant_pred(x, best_u);
+  OneParameterFit cfit = fit_one_parameter(constant_errors);
+  rep.constant_utilisation = utilisations[cfit.best];
+  rep.constant_loo_mean = cfit.loo_mean;
+  for (auto& x : thr) rep.lines[x.line].constant = constant_pred(x, rep.constant_utilisation);
   for (auto& x : thr) {
     const auto& l = rep.lines[x.line];
     rep.throughput_mean += l.error() / thr.size();
@@ -199,6 +255,24 @@ ValidationReport validate(const std::string& text, const std::string& origin, co
     rep.constant_mean += l.constant_error() / thr.size();
     rep.constant_worst = std::max(rep.constant_worst, l.constant_error());
   }
+
+  // The model's counterpart of the constant's one fitted number: the GEMM efficiency, one scale for
+  // every row, fitted the same way. A model whose shipped constants are right fits a scale near 1; its
+  // leave-one-out error says how well it predicts a row it was not fitted to.
+  std::vector<double> scales;
+  std::vector<std::vector<double>> model_errors;
+  for (double k = 0.80; k <= 1.10 + 1e-9; k += 0.005) {
+    ValidationReport scratch;
+    std::vector<Throughput> scratch_thr;
+    evaluate(parsed, k, scratch, scratch_thr);
+    scales.push_back(k);
+    auto& errs = model_errors.emplace_back();
+    for (auto& x : scratch_thr) errs.push_back(scratch.lines[x.line].error());
+  }
+  OneParameterFit mfit = fit_one_parameter(model_errors);
+  rep.gemm_scale_fitted = scales[mfit.best];
+  rep.gemm_fitted_mean = mfit.mean;
+  rep.gemm_loo_mean = mfit.loo_mean;
   return rep;
 }
 

@@ -1,7 +1,8 @@
 // Validation of the cost model against published training results (a TOML file of rows, see
 // tests/plan/published_results.toml): each row's fixed layout is planned -- unstated knobs (micro-batch,
 // virtual stages) are chosen by the planner -- and the prediction compared in the row's own FLOP
-// convention. Also fits the best constant-utilisation predictor to the same rows, as the bar to beat.
+// convention. Also fits the best constant-utilisation predictor to the same rows, as the bar to beat, and
+// the model's own one global number (the GEMM efficiency) the same way, in sample and leave-one-out.
 #pragma once
 
 #include <string>
@@ -27,6 +28,9 @@ struct ValidationReport {
   double constant_utilisation = 0;  // fitted hardware-FLOP utilisation of the constant predictor
   double throughput_mean = 0, throughput_worst = 0;
   double constant_mean = 0, constant_worst = 0;
+  double constant_loo_mean = 0;  // the constant predicting each row with u fitted to the other rows
+  // The model with one global GEMM-efficiency scale fitted like the constant (shipped constants: scale 1).
+  double gemm_scale_fitted = 1, gemm_fitted_mean = 0, gemm_loo_mean = 0;
   double speedup_worst = 0;  // Table 5 full -> selective
   double memory_worst = 0;   // Figure 1
 };
