@@ -162,6 +162,73 @@ TEST(TimeModel, MoeImbalanceSlowsExpertWorkOnlyForMixturesOfExperts) {
   EXPECT_DOUBLE_EQ(step_time(d, dense).total, before);
 }
 
+// fp8 (Transformer Engine's recipe): the linear GEMMs run at the fp8 peak, but the casts cost memory
+// traffic, attention and the LM head stay 16-bit, the layers keep fp8 weight copies, and the linear
+// layers save their inputs in one byte.
+TEST(TimeModel, Fp8HalvesLinearGemmTimeAndPaysForItsCastsAndWeightCopies) {
+  Job j;
+  j.model = plan_model("llama3-8b");
+  j.cluster = resolve_cluster("h100:8", kDirs);
+  j.seq = 8192, j.global_batch = 8;
+  const Layout l{.dp = 8, .micro_batch = 1};
+  const StepTime bf16 = step_time(l, j);
+  const MemoryBreakdown bf16_mem = memory_per_device(l, j);
+  j.precision = "fp8";
+  const StepTime fp8 = step_time(l, j);
+  const MemoryBreakdown fp8_mem = memory_per_device(l, j);
+  // Linear GEMMs at twice the peak; attention (a large share at seq 8192) and the head do not speed up.
+  EXPECT_LT(fp8.compute, 0.75 * bf16.compute);
+  EXPECT_GT(fp8.compute, 0.5 * bf16.compute);
+  EXPECT_GT(fp8.memory_bound, bf16.memory_bound);  // the casts
+  EXPECT_LT(fp8.total, bf16.total);
+  EXPECT_DOUBLE_EQ(fp8.hardware_flops, bf16.hardware_flops);
+  // fp8 copy + transpose of every layer weight: 2 bytes per layer parameter.
+  const ParamCounts pc = count_params(j.model);
+  EXPECT_NEAR(fp8_mem.weights - bf16_mem.weights, 2.0 * j.model.cfg.n_layers * pc.per_layer, 1);
+  // Saved activations: the four linear inputs in one byte. Llama-3-8B per sbh: replicated 8 -> 6,
+  // split 2 + 4 kv + 2 + 6 F -> 2 + 4 kv + 1 + 5 F (no dropout; flash attention's statistics aside).
+  const double h = 4096, kv = 8.0 / 32, F = 14336 / h;
+  const double per_sbh_bf16 = 8 + 2 + 4 * kv + 2 + 6 * F, per_sbh_fp8 = 6 + 2 + 4 * kv + 1 + 5 * F;
+  Job bj = j;
+  bj.precision = "bf16";
+  EXPECT_NEAR(activation_bytes_per_layer(l, j) - activation_bytes_per_layer(l, bj),
+              8192.0 * h * (per_sbh_fp8 - per_sbh_bf16), 1);
+  // No fp8 peak, no fp8 plan.
+  Job a = megatron_job("megatron-7.5b", 8, 8);
+  a.precision = "fp8";
+  EXPECT_THROW(step_time(Layout{.dp = 8}, a), ConfigError);
+}
+
+// TP communication overlap (Megatron-Core --tp-comm-overlap, with SP): each block's collectives hide
+// under its GEMMs. On a fast link all but one chunk in tp hides; on a slow one exactly the GEMM time
+// is saved; without SP nothing changes.
+TEST(TimeModel, TpOverlapHidesCollectivesUnderTheBlocksGemms) {
+  Job j = megatron_job("megatron-175b", 8, 8);
+  Layout l{.tp = 8, .micro_batch = 1, .sp = true, .recompute = Recompute::Selective};
+  const StepTime exposed = step_time(l, j);
+  j.software.tp_overlap = true;
+  const StepTime hidden = step_time(l, j);
+  EXPECT_NEAR(hidden.tp, exposed.tp / 8, 1e-9 * exposed.tp);  // NVSwitch: comm < GEMMs, one chunk of 8 left
+  EXPECT_LT(hidden.total, exposed.total);
+  EXPECT_DOUBLE_EQ(hidden.compute, exposed.compute);
+
+  j.cluster.hw.intra_node.bandwidth /= 1000;  // a link far slower than the GEMMs
+  j.software.tp_overlap = false;
+  const StepTime slow = step_time(l, j);
+  j.software.tp_overlap = true;
+  const StepTime slow_hidden = step_time(l, j);
+  // Each block hides exactly its GEMMs: forward once, backward twice, i.e. all the step's GEMM compute
+  // but the LM head's (0.4% of it for this model).
+  EXPECT_NEAR(slow.tp - slow_hidden.tp, slow.compute, 0.01 * slow.compute);
+  EXPECT_LT(slow.tp - slow_hidden.tp, slow.compute);
+
+  l.sp = false;  // Megatron's overlap needs SP
+  j.software.tp_overlap = false;
+  const double plain = step_time(l, j).tp;
+  j.software.tp_overlap = true;
+  EXPECT_DOUBLE_EQ(step_time(l, j).tp, plain);
+}
+
 TEST(CollectiveCost, AlphaBetaWithNcclTestsBusBandwidthFactors) {
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllReduce, 8), 2 * 7.0 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllGather, 4), 3.0 / 4);

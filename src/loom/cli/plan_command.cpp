@@ -22,7 +22,7 @@ struct PlanOptions {
   int64_t seq = 0, global_batch = 0;
   std::vector<std::string> fix;
   int top = 10;
-  bool explain = false, json = false, sensitivity = false;
+  bool explain = false, json = false, sensitivity = false, tp_overlap = false;
 };
 
 // configs/hardware next to the binary's source tree, the working directory, or LOOM_HARDWARE_DIR.
@@ -133,6 +133,9 @@ int run_plan(const PlanOptions& o) {
   job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision;
   job.software.loom_engine = o.engine == "loom";
   job.software.moe_imbalance = o.moe_imbalance;
+  job.software.tp_overlap = o.tp_overlap;
+  if (o.tp_overlap && job.software.loom_engine)
+    throw ConfigError("--tp-overlap models Megatron-Core's TP communication overlap; Loom's engine has no tensor parallelism yet");
   if (job.software.loom_engine && o.precision != "bf16")
     throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
   plan::Fixed fixed;
@@ -140,7 +143,7 @@ int run_plan(const PlanOptions& o) {
   auto r = plan::search(job, fixed, o.top);
   if (o.json) {
     nlohmann::json out{{"model", o.model}, {"cluster", job.cluster.hw.name}, {"devices", job.cluster.devices},
-                       {"seq", o.seq}, {"global_batch", o.global_batch}, {"precision", o.precision},
+                       {"seq", o.seq}, {"global_batch", o.global_batch}, {"precision", o.precision}, {"tp_overlap", o.tp_overlap},
                        {"evaluated", r.evaluated}, {"feasible", r.feasible}};
     for (auto& [reason, n] : r.rejected) out["rejected"][std::string(plan::reject_name(reason))] = n;
     for (auto& c : r.ranked) out["layouts"].push_back(to_json(c, job));
@@ -200,6 +203,9 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_option("--moe-imbalance", o->moe_imbalance,
                   "MoE: the busiest expert-parallel rank's routed tokens over the mean (default 1: uniform routing)")
       ->check(CLI::Range(1.0, 64.0));
+  cmd->add_flag("--tp-overlap", o->tp_overlap,
+                "TP/SP collectives run under the GEMMs in chunks (Megatron-Core --tp-comm-overlap; needs sequence "
+                "parallelism); default: exposed");
   cmd->callback([&action, o] { action = [o] { return run_plan(*o); }; });
 }
 

@@ -19,10 +19,13 @@ double activation_bytes_per_layer(const Layout& l, const Job& j) {
   if (l.recompute == Recompute::Full) return 2.0 * sbh / (l.sp ? t : 1.0);  // only the layer input
   // Per sbh element, bytes (16-bit activations, 1-byte dropout masks), Korthikanti et al. section 4:
   // replicated across TP ranks unless SP: two norm inputs (4), attention and MLP inputs (4), masks (2).
-  double replicated = 8 + (j.software.dropout ? 2 : 0);
-  // Split by TP: Q (2), K and V (4 * kv), attention output (2); MLP hidden: GeLU input and output
-  // (4 * F), or SwiGLU gate, up and product (6 * F), times top_k for MoE.
-  double split = 4 + 4 * kv + (gpt2 ? 4 * F : 6 * F) * k;
+  // Under fp8 the linear layers save their inputs as fp8 (`in` = 1 byte instead of 2).
+  const double in = j.precision == "fp8" ? 1 : 2;
+  double replicated = 4 + 2 * in + (j.software.dropout ? 2 : 0);
+  // Split by TP: Q (2), K and V (4 * kv), attention output (the projection's input, 2); MLP hidden:
+  // GeLU input and output (2 + 2, the output being the second GEMM's input) per F, or SwiGLU gate, up
+  // and product (2 + 2 + 2), times top_k for MoE.
+  double split = 2 + 4 * kv + in + (gpt2 ? 2 + in : 4 + in) * F * k;
   if (j.model.is_moe()) replicated += 2;  // router input copy
   double per_sbh = (l.sp ? replicated / t : replicated) + split / t;
   double bytes = sbh * per_sbh;
@@ -86,6 +89,15 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
   m.weights = shard(sb.weight, 3);
   m.grads = shard(sb.grad, 2);
   m.optimizer = shard(sb.optimizer, 1);
+  if (j.precision == "fp8") {
+    // The layers' weights cast to fp8, with a transposed copy for backward, kept across the
+    // micro-batches (Transformer Engine): 2 bytes per layer parameter, sharded like the weights.
+    const ParamCounts pc = count_params(j.model);
+    const double n_layers = static_cast<double>(j.model.cfg.n_layers) / l.pp;
+    const double dense = n_layers * static_cast<double>(pc.per_layer - pc.per_layer_expert) / l.tp;
+    const double expert = n_layers * static_cast<double>(pc.per_layer_expert) / (double(l.tp) * l.ep);
+    m.weights += 2 * (l.zero >= 3 ? dense / dp + expert / edp : dense + expert);
+  }
 
   const auto& c = j.model.cfg;
   const double layers = static_cast<double>(c.n_layers) / l.pp;

@@ -31,6 +31,11 @@ namespace {
 // from these.
 struct LayerCost {
   double gemm = 0;        // projection and MLP GEMMs
+  double gemm_attn = 0;   // the part of `gemm` around attention (QKV, output projection): TP overlap pairs
+  double gemm_mlp = 0;    // the MLP's (and router's): its TP collectives with these
+  double cast_fwd = 0;    // fp8: casting the linear GEMMs' inputs (memory-bound)
+  double cast_bwd = 0;    // fp8: casting their output gradients
+  double fp8_weights = 0; // fp8: weight elements cast to fp8 (and transposed) once per step
   double attn_core = 0;   // attention scores / softmax / weighted sum (GEMMs and memory traffic)
   double memory = 0;      // norms, residual adds, dropout, activation functions, RoPE
   double tp_comm = 0;     // TP / SP collectives of the forward
@@ -55,29 +60,44 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   const double act = 2;  // bytes per 16-bit activation element
   const bool gpt2 = c.arch == spec::Arch::GPT2;
   LayerCost lc;
-  auto gemm = [&](GemmShape g) {
+  // fp8 (Transformer Engine's recipe): the linear layers' GEMMs run at the fp8 peak on 1-byte operands;
+  // each casts its input (forward) and its output gradient (backward) to fp8 with a transposed copy
+  // (read 2 + write 2 bytes an element), and its weight once per step. Attention and the LM head stay
+  // 16-bit.
+  const bool fp8 = j.precision == "fp8";
+  const double peak16 = fp8 ? hw.peak("bf16") : peak;
+  auto linear = [&](GemmShape g) {
     lc.flops += 2 * g.M * g.N * g.K * g.count;
-    return gemm_time(g, hw, peak, act);
+    if (!fp8) return gemm_time(g, hw, peak, act);
+    lc.cast_fwd += 4 * g.count * g.M * g.K / bw;
+    lc.cast_bwd += 4 * g.count * g.M * g.N / bw;
+    lc.fp8_weights += g.count * g.K * g.N;
+    return gemm_time(g, hw, peak, 1);
   };
-  lc.gemm += gemm({n, (q + 2 * kv) / t, h});  // QKV
-  lc.gemm += gemm({n, h, q / t});             // output projection
+  auto gemm16 = [&](GemmShape g) {
+    lc.flops += 2 * g.M * g.N * g.K * g.count;
+    return gemm_time(g, hw, peak16, act);
+  };
+  lc.gemm_attn += linear({n, (q + 2 * kv) / t, h});  // QKV
+  lc.gemm_attn += linear({n, h, q / t});             // output projection
   const double E = static_cast<double>(j.model.n_experts);
   // MoE: the device's E/ep experts see n*top_k tokens in all, n*ep*top_k/E each on average, and the
   // busiest rank moe_imbalance times that.
   const double k = static_cast<double>(j.model.top_k) * (j.model.is_moe() ? sw.moe_imbalance : 1.0);
   const double experts = j.model.is_moe() ? E / l.ep : 1;
   const double rows = j.model.is_moe() ? n * l.ep * k / E : n;
-  lc.gemm += gemm({rows, (gpt2 ? F : 2 * F) / t, h, experts});
-  lc.gemm += gemm({rows, h, F / t, experts});
-  if (j.model.is_moe()) lc.gemm += gemm({n, E, h});  // router
+  lc.gemm_mlp += linear({rows, (gpt2 ? F : 2 * F) / t, h, experts});
+  lc.gemm_mlp += linear({rows, h, F / t, experts});
+  if (j.model.is_moe()) lc.gemm_mlp += gemm16({n, E, h});  // router
+  lc.gemm = lc.gemm_attn + lc.gemm_mlp;
 
   // Attention core. Flash: causal blocks only (half the square), no score traffic. Materialised
   // (Megatron 2021-22): the full T x T square in batched GEMMs, plus the scale-mask-softmax and dropout
   // passes over the scores: read 2 + write 2 (softmax), read 2 + write 2 + mask 1 (dropout) bytes.
   if (sw.flash_attention) {
-    lc.attn_core += gemm({s, S / 2, hd, b * heads}) + gemm({s, hd, S / 2, b * heads});
+    lc.attn_core += gemm16({s, S / 2, hd, b * heads}) + gemm16({s, hd, S / 2, b * heads});
   } else {
-    lc.attn_core += gemm({s, S, hd, b * heads}) + gemm({s, hd, S, b * heads});
+    lc.attn_core += gemm16({s, S, hd, b * heads}) + gemm16({s, hd, S, b * heads});
     lc.attn_core += b * heads * s * S * (sw.dropout ? 9.0 : 4.0) / bw;
   }
   // Memory-bound kernels, bytes per sbh element: two norms (read + write: 8), two residual adds
@@ -123,18 +143,30 @@ StepTime step_time(const Layout& l, const Job& j) {
   // memory-bound kernels read saved inputs and gradients: about twice the bytes), recompute.
   const double cp_fwd = std::max(0.0, lc.cp_comm - lc.attn_core);         // ring hidden behind attention
   const double cp_bwd = std::max(0.0, 2 * lc.cp_comm - 2 * lc.attn_core);  // K,V and their gradients
-  double comp = 3 * lc.gemm, mem = 3 * lc.memory, attn = 3 * lc.attn_core;
-  double tp = 2 * lc.tp_comm, ep = 2 * lc.ep_comm, cp = cp_fwd + cp_bwd;
-  // Sequence parallelism saves each GEMM input as its 1/t shard, so backward all-gathers it again for
-  // the weight-gradient GEMMs (attention and MLP: two all-gathers, half an all-reduce's bus bytes each,
-  // i.e. half the forward's TP traffic). Megatron issues them beside the input-gradient GEMMs; without
-  // TP overlap (tp_overlap = false, as every TP collective here) they are exposed. Full recompute
-  // gathers the input in its recomputed forward instead (counted below).
-  if (l.sp && l.recompute != Recompute::Full && !j.software.tp_overlap) tp += lc.tp_comm / 2;
+  double comp = 3 * lc.gemm, mem = 3 * lc.memory + lc.cast_fwd + lc.cast_bwd, attn = 3 * lc.attn_core;
+  double ep = 2 * lc.ep_comm, cp = cp_fwd + cp_bwd;
+  // TP traffic per block (attention, MLP): forward one all-reduce (with SP: an all-gather before the
+  // block's first GEMM and a reduce-scatter after its last -- the same bus bytes), backward the same
+  // again. Sequence parallelism saves each GEMM input as its 1/t shard, so backward also all-gathers it
+  // again for the weight-gradient GEMM: half the forward's traffic more. Full recompute gathers the
+  // input in its recomputed forward instead (counted below).
+  const double block_comm = lc.tp_comm / 2;
+  const double bwd_block_comm = block_comm * (l.sp && l.recompute != Recompute::Full ? 1.5 : 1.0);
+  // Without TP overlap (Megatron's default, and the 2021-22 runs) every TP collective is exposed. With
+  // it (Megatron-Core's --tp-comm-overlap, which needs SP) each block's collectives are cut into tp
+  // chunks that run under the block's GEMMs: exposed is what the GEMMs cannot cover, and at least the
+  // one chunk that has nothing to hide behind.
+  const bool overlap = j.software.tp_overlap && l.sp && l.tp > 1;
+  auto exposed = [&](double comm, double gemms) {
+    return overlap ? std::max(comm / l.tp, comm - gemms) : comm;
+  };
+  const double tp_fwd = exposed(block_comm, lc.gemm_attn) + exposed(block_comm, lc.gemm_mlp);
+  const double tp_bwd = exposed(bwd_block_comm, 2 * lc.gemm_attn) + exposed(bwd_block_comm, 2 * lc.gemm_mlp);
+  double tp = tp_fwd + tp_bwd;
   double rec = 0;
   if (l.recompute == Recompute::Full) {
-    comp += lc.gemm, mem += lc.memory, attn += lc.attn_core, tp += lc.tp_comm, ep += lc.ep_comm, cp += cp_fwd;
-    rec = lc.gemm + lc.memory + lc.attn_core;
+    comp += lc.gemm, mem += lc.memory + lc.cast_fwd, attn += lc.attn_core, tp += tp_fwd, ep += lc.ep_comm, cp += cp_fwd;
+    rec = lc.gemm + lc.memory + lc.cast_fwd + lc.attn_core;
   } else if (l.recompute == Recompute::Selective && !j.software.flash_attention) {
     attn += lc.attn_core;  // flash attention's backward already recomputes its scores
     rec = lc.attn_core;
@@ -142,7 +174,8 @@ StepTime step_time(const Layout& l, const Job& j) {
   // The LM head (last stage) and the loss: GEMM [n, h] x [h, V/tp], fwd + bwd; softmax-CE reads and
   // writes fp32 logits.
   const double V = static_cast<double>(c.vocab_size);
-  const double head = 3 * gemm_time({n, V / l.tp, h}, hw, peak, 2) + n * V / l.tp * 16 / bw;
+  const double peak16 = j.precision == "fp8" ? hw.peak("bf16") : peak;  // the head stays 16-bit under fp8
+  const double head = 3 * gemm_time({n, V / l.tp, h}, hw, peak16, 2) + n * V / l.tp * 16 / bw;
   const double head_flops = 3 * 2 * n * V / l.tp * h;
 
   // Pipeline p2p: each micro-batch crosses every chunk boundary forward and backward; Megatron's
@@ -201,6 +234,9 @@ StepTime step_time(const Layout& l, const Job& j) {
   // from Megatron-LM's step (clip_grad_norm, FusedAdam, zero_grad_buffer); Loom's AdamW does the same.
   const double shard = l.zero >= 1 ? l.dp : 1;
   st.memory_bound += (sp.dense + sp.expert) / shard * (30 + 4 + 4) / bw;
+  // fp8: every layer's linear weights cast (and transposed) to fp8 once per step, kept across the
+  // micro-batches (read 2 + write 2 bytes an element).
+  st.memory_bound += layers * lc.fp8_weights * 4 / bw;
 
   st.comm_exposed = st.tp + st.cp + st.ep + st.pp + st.dp + st.zero;
   st.total = st.compute + st.memory_bound + st.comm_exposed + st.bubble;
