@@ -160,13 +160,15 @@ int run_plan(const PlanOptions& o) {
              o.global_batch, o.precision);
   fmt::print("{} layouts evaluated, {} feasible", r.evaluated, r.feasible);
   for (auto& [reason, n] : r.rejected) fmt::print("; {} {} (e.g. {})", n, plan::reject_name(reason), r.example[reason]);
-  fmt::print("\n\n{:>3} {:<34} {:>9} {:>9} {:>11} {:>6}  {:<24} {}\n", "#", "layout", "mem GiB", "step s", "tokens/s",
-             "MFU", "comp  mem  comm bubble", "bound");
+  size_t width = 6;  // the layout column fits the longest layout listed
+  for (auto& c : r.ranked) width = std::max(width, c.layout.str().size());
+  fmt::print("\n\n{:>3} {:<{}} {:>9} {:>9} {:>11} {:>6}  {:<24} {}\n", "#", "layout", width, "mem GiB", "step s",
+             "tokens/s", "MFU", "comp  mem  comm bubble", "bound");
   int i = 0;
   for (auto& c : r.ranked)
-    fmt::print("{:>3} {:<34} {:>9.2f} {:>9.3f} {:>11.0f} {:>5.1f}%  {:<24} {}\n", ++i, c.layout.str(), c.memory.total / GiB,
-               c.time.total, plan::tokens_per_s(c.time, job), 100 * plan::mfu(c.time, job), breakdown(c.time),
-               c.time.bound());
+    fmt::print("{:>3} {:<{}} {:>9.2f} {:>9.3f} {:>11.0f} {:>5.1f}%  {:<24} {}\n", ++i, c.layout.str(), width,
+               c.memory.total / GiB, c.time.total, plan::tokens_per_s(c.time, job), 100 * plan::mfu(c.time, job),
+               breakdown(c.time), c.time.bound());
   if (o.explain) explain(r.ranked.front(), job);
   if (o.sensitivity) {
     const double base = r.ranked.front().time.total;

@@ -94,6 +94,11 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
     }
     if (r.rejected[v.reject]++ == 0) r.example[v.reject] = v.why;
   };
+  // With flash attention selective recompute is the same layout as none (the scores it would drop are
+  // never stored), so it is only listed when asked for.
+  const std::vector<Recompute> policies = j.software.flash_attention
+                                              ? std::vector<Recompute>{Recompute::None, Recompute::Full}
+                                              : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
   // TP stays inside a node (its collectives run every layer); pipeline and context degrees are
   // searched as divisors; micro-batches are powers of two up to 16 sequences.
   for (int tp : pick(f.tp, powers_of_two_dividing(N, dpn)))
@@ -114,7 +119,7 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
                                                                                            Schedule::ZeroBubble}
                                                                    : std::vector<Schedule>{Schedule::OneFOneB}))
                 for (int zero : pick(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
-                  for (Recompute rc : pick(f.recompute, {Recompute::None, Recompute::Selective, Recompute::Full}))
+                  for (Recompute rc : pick(f.recompute, policies))
                     for (bool sp : pick(f.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
                       consider(Layout{dp, tp, pp, cp, ep, vpp, mb, zero, sp, rc, sch});
       }
