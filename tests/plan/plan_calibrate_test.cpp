@@ -79,7 +79,7 @@ TEST(Calibrate, QuickRunWritesAHardwareFileThatPlansAccept) {
 }
 
 TEST(Calibrate, LinkFitRecoversAKnownAlphaBeta) {
-  const Link truth{12e9, 2.5e-6, Topology::Switch};
+  const Link truth{12e9, 2.5e-6, Topology::SharedMemory};
   std::vector<CollectiveSample> samples;
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
     for (int ranks : {2, 4})

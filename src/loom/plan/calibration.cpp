@@ -70,7 +70,7 @@ Hardware hardware_from_calibration(const Calibration &c) {
   } else {
     // Not measured: a shared-memory copy reads and writes each byte, so half the streaming bandwidth
     // is the most a same-node transfer could reach; the latency is a guess.
-    hw.intra_node = {hw.device.memory_bandwidth / 2, 1e-6, Topology::Switch};
+    hw.intra_node = {hw.device.memory_bandwidth / 2, 1e-6, Topology::SharedMemory};
   }
   hw.inter_node = hw.intra_node;
   std::vector<RelativeSample> rel;
@@ -119,13 +119,13 @@ LinkFit fit_link(std::span<const CollectiveSample> samples) {
     std::sort(v.begin(), v.end(),
               [](auto &a, auto &b) { return a.bytes < b.bytes; });
     const Collective op = collective_of(key.first);
-    const double steps = latency_steps(op, key.second, Topology::Switch);
+    const double steps = latency_steps(op, key.second, Topology::SharedMemory);
     alphas.push_back(v.front().seconds / steps);
     const auto &big = v.back();
     betas.push_back(big.bytes * busbw_factor(op, key.second) / big.seconds);
   }
   LinkFit f;
-  f.link = {median(betas), median(alphas), Topology::Switch};
+  f.link = {median(betas), median(alphas), Topology::SharedMemory};
   double sq = 0;
   int n = 0;
   for (const auto &s : samples) {
@@ -167,7 +167,7 @@ std::string calibration_to_toml(const Calibration &c) {
     not_measured = fmt::format(
         "Measured: Loom's collectives between ranks on this machine (`loom "
         "bench comm`, shared memory),\n"
-        "fitted to the alpha-beta model of collective_cost.h (switch): "
+        "fitted to the alpha-beta model of collective_cost.h (shared_memory: one step per phase): "
         "latency from the smallest messages,\n"
         "bandwidth = bus bandwidth of the largest (rms log error {:.3f} over "
         "every sample in [calibration]).",

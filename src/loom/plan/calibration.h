@@ -51,7 +51,7 @@ struct Calibration {
 };
 
 // The intra-node link that explains the collective samples with collective_cost.h's alpha-beta model
-// (switch topology, efficiency 1): latency from the smallest messages, bandwidth from the largest
+// (shared-memory topology: Loom's one-shot / direct algorithms, one step per phase; efficiency 1): latency from the smallest messages, bandwidth from the largest
 // (the median over ops and group sizes of each), and the fit's rms log error over every sample.
 struct LinkFit {
   Link link;

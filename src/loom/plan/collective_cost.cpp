@@ -27,6 +27,7 @@ double latency_steps(Collective op, int n, Topology t) {
     case Topology::Ring: return phases * (n - 1);
     case Topology::Torus: return phases * 2 * (std::ceil(std::sqrt(static_cast<double>(n))) - 1);
     case Topology::Switch: return phases * std::ceil(std::log2(static_cast<double>(n)));
+    case Topology::SharedMemory: return phases;
   }
   return phases * (n - 1);
 }

@@ -3,7 +3,8 @@
 // with busbw_factor = 2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter / all_gather / all_to_all
 // (S the total size across ranks), 1 for broadcast / reduce / send. `loom bench comm` reports busbw with
 // the same factors, so a measured busbw plugs straight into `Link::bandwidth * efficiency`.
-// Written to be shared with the collectives library's algorithm choice once it lands.
+// On one machine's shared memory (`Topology::SharedMemory`) the steps are those of Loom's own library
+// (comm/dispatch.h: one-shot for small messages, direct above), which `loom calibrate` measures.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,8 @@ enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast
 // Bus-bandwidth factor of nccl-tests for `op` over n ranks.
 double busbw_factor(Collective op, int n);
 // Latency hops of the algorithm used on `topology`: a ring takes n-1 steps per phase, a 2-D torus
-// about 2(sqrt(n)-1), a switch (tree / NVLS) about log2(n).
+// about 2(sqrt(n)-1), a switch (tree / NVLS) about log2(n), shared memory one (Loom's one-shot and
+// direct algorithms: all_reduce = reduce-scatter + all-gather by owner, two phases).
 double latency_steps(Collective op, int n, Topology topology);
 
 // Time of one collective of `bytes` (total across ranks for RS/AG/A2A; per rank for AR/broadcast/send)

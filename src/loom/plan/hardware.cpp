@@ -19,6 +19,7 @@ std::string_view topology_name(Topology t) {
     case Topology::Ring: return "ring";
     case Topology::Torus: return "torus";
     case Topology::Switch: return "switch";
+    case Topology::SharedMemory: return "shared_memory";
   }
   return "?";
 }
@@ -66,7 +67,8 @@ struct Reader {
     if (t == "ring") return Topology::Ring;
     if (t == "torus") return Topology::Torus;
     if (t == "switch") return Topology::Switch;
-    throw ConfigError(origin + ": '" + path + "' = '" + t + "' is not known (valid: ring, torus, switch)");
+    if (t == "shared_memory") return Topology::SharedMemory;
+    throw ConfigError(origin + ": '" + path + "' = '" + t + "' is not known (valid: ring, torus, switch, shared_memory)");
   }
 };
 

@@ -10,7 +10,10 @@
 
 namespace loom::plan {
 
-enum class Topology { Ring, Torus, Switch };
+// How a link's collectives take their latency steps (collective_cost.h): a ring, a 2-D torus, a switch
+// (tree / NVLS), or one node's shared memory, where Loom's one-shot and direct algorithms have every rank
+// read its peers' buffers in place: one synchronised step per phase whatever the group size.
+enum class Topology { Ring, Torus, Switch, SharedMemory };
 std::string_view topology_name(Topology t);
 
 struct Link {
