@@ -2,10 +2,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "loom/core/allocator.h"
 #include "loom/core/bf16.h"
+#include "loom/core/page_pool.h"
 #include "loom/core/page_reservation.h"
 #include "loom/core/philox.h"
 #include "loom/core/tensor.h"
@@ -101,6 +103,57 @@ TEST(PageReservation, BacksPagesOnWriteAndGivesBackOnlyWholePagesInsideARange) {
   PageReservation moved = std::move(r);
   EXPECT_EQ(moved.data(), static_cast<void*>(f));
   EXPECT_EQ(r.data(), nullptr);
+}
+
+// Moving pages hands their contents over without copying or faulting; the source stays addressable.
+TEST(PageReservation, MovesPagesWithTheirContentsAndLeavesTheSourceReserved) {
+  const size_t page = PageReservation::page_size(), n = 32 * page, per_page = page / sizeof(float);
+  PageReservation r(n);
+  auto* f = static_cast<float*>(r.data());
+  for (size_t i = 0; i < 8 * per_page; ++i) f[i] = static_cast<float>(i);
+  EXPECT_EQ(r.move_pages(0, 16 * page, 8 * page), 8 * page);
+  EXPECT_EQ(r.resident_bytes(), 8 * page) << "pages moved, not copied";
+  EXPECT_EQ(f[16 * per_page + 3], 3.0f);
+  EXPECT_EQ(f[23 * per_page + 1], static_cast<float>(7 * per_page + 1));
+  EXPECT_EQ(f[5], 0.0f) << "the source reads as fresh reserved memory";
+  f[5] = 1.0f;  // and is writable
+  // A range earlier moves cut into several mappings still moves (in pieces).
+  EXPECT_EQ(r.move_pages(4 * page, 20 * page, 1 * page), 0u + page) << "from the moved block: a reserved page";
+  EXPECT_EQ(r.move_pages(16 * page, 0, 8 * page), 8 * page);
+  EXPECT_EQ(f[3], 3.0f);
+  EXPECT_THROW(r.move_pages(1, 0, page), Error);
+  EXPECT_THROW(r.move_pages(0, page, 2 * page), Error) << "overlapping ranges";
+}
+
+// ZeRO-3 hands one unit's given-back pages to the next unit: bounded by the capacity, in place when a
+// unit is needed again, and given back whole on drain.
+TEST(PagePool, HandsPagesOverUpToItsCapacityAndGivesTheRestBack) {
+  const size_t page = PageReservation::page_size(), n = 64 * page;
+  PageReservation r(n);
+  auto* bytes = static_cast<unsigned char*>(r.data());
+  std::memset(bytes, 1, 24 * page);  // three "units" of 8 pages at 0, 8 and 16 pages
+  PagePool pool(r, 10 * page + 100, PageReservation::Release::Eager);
+  EXPECT_EQ(pool.capacity(), 10 * page) << "whole pages only";
+  EXPECT_EQ(pool.give(0, 8 * page), 8 * page);
+  EXPECT_EQ(pool.give(8 * page + 10, 8 * page), 2 * page) << "7 whole pages inside, 2 fit, 5 go back";
+  EXPECT_EQ(pool.pooled_bytes(), 10 * page);
+  EXPECT_EQ(r.resident_bytes(), 24 * page - 5 * page);
+  // A unit written at 32..40 pages gets pooled pages: nothing new is backed.
+  EXPECT_EQ(pool.take(32 * page, 8 * page), 8 * page);
+  EXPECT_EQ(r.resident_bytes(), 24 * page - 5 * page);
+  std::memset(bytes + 32 * page, 2, 8 * page);
+  EXPECT_EQ(r.resident_bytes(), 24 * page - 5 * page) << "the write landed on moved pages";
+  EXPECT_EQ(pool.pooled_bytes(), 2 * page);
+  // Given back and needed again at once: the pages stay where they are.
+  EXPECT_EQ(pool.give(32 * page, 8 * page), 8 * page);
+  EXPECT_EQ(pool.take(32 * page, 8 * page), 8 * page);
+  EXPECT_EQ(bytes[32 * page + 7], 2) << "taken in place: nothing moved";
+  EXPECT_EQ(pool.drain(), 2 * page);
+  EXPECT_EQ(pool.pooled_bytes(), 0u);
+  EXPECT_EQ(r.resident_bytes(), 24 * page - 5 * page - 2 * page);
+  PagePool none(r, 0, PageReservation::Release::Eager);
+  EXPECT_EQ(none.give(16 * page, 8 * page), 0u);
+  EXPECT_EQ(r.resident_bytes(), 24 * page - 5 * page - 2 * page - 8 * page) << "capacity 0 passes everything back";
 }
 
 TEST(Tensor, ViewsShareStorageAndCheckBounds) {

@@ -12,17 +12,20 @@
 
 namespace loom {
 
-namespace {
-size_t page_size() {
+size_t PageReservation::page_size() {
   static const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   return size;
 }
+
+namespace {
+constexpr int kReserveProt = PROT_READ | PROT_WRITE;
+constexpr int kReserveFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
 }  // namespace
 
 PageReservation::PageReservation(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   // MAP_NORESERVE: the kernel commits a page only when it is first written.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = ::mmap(nullptr, bytes, kReserveProt, kReserveFlags, -1, 0);
   if (p == MAP_FAILED)
     throw Error("cannot reserve " + std::to_string(bytes) + " bytes of address space: " + std::strerror(errno));
   ptr_ = p;
@@ -64,6 +67,33 @@ size_t PageReservation::release(size_t offset, size_t bytes, Release how) {
     throw Error(std::string("madvise(") + (how == Release::Eager ? "MADV_DONTNEED" : "MADV_FREE") +
                 ") failed: " + std::strerror(errno));
   return last - first;
+}
+
+size_t PageReservation::move_pages(size_t from, size_t to, size_t bytes) {
+  const size_t page = page_size();
+  if (ptr_ == nullptr || bytes == 0) return 0;
+  if (from % page || to % page || bytes % page || from + bytes > bytes_ || to + bytes > bytes_ ||
+      (from < to + bytes && to < from + bytes))
+    throw Error("internal: page move [" + std::to_string(from) + ", +" + std::to_string(bytes) + ") -> " +
+                std::to_string(to) + " is not page-aligned, inside the reservation and apart");
+  char* base = static_cast<char*>(ptr_);
+  // mremap moves one mapping at a time: a range that earlier moves cut into several mappings fails with
+  // EFAULT, so it is moved in halves down to single pages.
+  void* moved = ::mremap(base + from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, base + to);
+  if (moved == MAP_FAILED) {
+    if (bytes == page) return 0;
+    const size_t half = bytes / page / 2 * page;
+    return move_pages(from, to, half) + move_pages(from + half, to + half, bytes - half);
+  }
+  // The source is a hole now: reserve it again so every address of the arena stays valid.
+  if (::mmap(base + from, bytes, kReserveProt, kReserveFlags | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    const int err = errno;
+    if (::mremap(base + to, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, base + from) != MAP_FAILED &&
+        ::mmap(base + to, bytes, kReserveProt, kReserveFlags | MAP_FIXED, -1, 0) != MAP_FAILED)
+      return 0;
+    throw Error(std::string("cannot re-reserve address space after moving pages: ") + std::strerror(err));
+  }
+  return bytes;
 }
 
 size_t PageReservation::resident_bytes() const {

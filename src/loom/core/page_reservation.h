@@ -30,8 +30,14 @@ class PageReservation {
   // Gives back every page lying wholly inside [offset, offset + bytes). Pages that straddle the range's
   // ends keep their contents (a neighbour may be using them). Returns the bytes given back.
   size_t release(size_t offset, size_t bytes, Release how = Release::Eager);
+  // Moves the pages backing [from, from + bytes) to [to, to + bytes) (page-aligned offsets, ranges
+  // apart): what backed `to` is dropped, and `from` is left reserved and unbacked. Nothing is copied or
+  // faulted in: the page tables move (mremap). Returns the bytes moved, which may fall short (a page
+  // at a time) where the kernel refuses; whatever did not move is as it was.
+  size_t move_pages(size_t from, size_t to, size_t bytes);
   // Bytes of the reservation that are backed by memory now (from mincore; for tests and reports).
   size_t resident_bytes() const;
+  static size_t page_size();
 
  private:
   void* ptr_ = nullptr;

@@ -72,7 +72,7 @@ std::span<const float> Generator::feed(std::span<const int32_t> tokens) {
     if (t < 0 || t >= cfg_.vocab_size)
       throw ConfigError("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                         std::to_string(cfg_.vocab_size) + ")");
-  const int64_t C = cfg_.d_model, D = cfg_.head_dim(), H = cfg_.n_heads, KV = cfg_.n_kv_heads;
+  const int64_t D = cfg_.head_dim(), H = cfg_.n_heads, KV = cfg_.n_kv_heads;
   const int64_t QKV = (H + 2 * KV) * D;
   auto& be = backend_;
   auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };

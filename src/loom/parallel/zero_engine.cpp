@@ -68,6 +68,65 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   if (a_.grad_pages) own_grad_bytes_ = own * static_cast<int64_t>(sizeof(float));
   charge(MemCategory::Parameters, own_param_bytes_);
   charge(MemCategory::Gradients, own_grad_bytes_);
+  if (a_.release == PageReservation::Release::Lazy) {
+    if (stage_ == 3 && a_.lowp) {
+      make_pool(weight_pool_, a_.lowp_pages, sizeof(bf16), false, MemCategory::Parameters, true);
+      make_pool(master_pool_, a_.master_pages, sizeof(float), true, MemCategory::Parameters, true);
+    } else if (stage_ == 3) {
+      make_pool(weight_pool_, a_.master_pages, sizeof(float), false, MemCategory::Parameters, true);
+    }
+    if (stage_ >= 2) make_pool(grad_pool_, a_.grad_pages, sizeof(float), false, MemCategory::Gradients, false);
+  }
+}
+
+std::vector<ArenaRange> ZeroEngine::pooled_ranges(const Pooled& p, size_t u) const {
+  const auto [before, after] = others(u);
+  std::vector<ArenaRange> out;
+  for (const ArenaRange& r : {before, after}) {
+    if (r.size() == 0) continue;
+    if (p.f32_only)
+      for_each_overlap(f32_, r, [&](const ArenaRange& o) { out.push_back(o); });
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+void ZeroEngine::make_pool(Pooled& p, PageReservation* pages, size_t element, bool f32_only, MemCategory c, bool weights) {
+  p.element = element, p.f32_only = f32_only, p.category = c;
+  // Capacity: what a step holds at its peak anyway, so pooling never raises it. Weights: the embeddings
+  // and head units (gathered for the whole pass) and two blocks (the one in use, the next prefetched);
+  // gradients: two units' scratch (one reducing, one being written).
+  const size_t n = plan_.units(), page = PageReservation::page_size();
+  std::vector<size_t> bytes(n);
+  for (size_t u = 0; u < n; ++u)
+    for (const ArenaRange& r : pooled_ranges(p, u)) bytes[u] += static_cast<size_t>(r.size()) * element + page;
+  size_t capacity = 0;
+  if (weights) {
+    const size_t block = n > 2 ? *std::max_element(bytes.begin() + 1, bytes.end() - 1) : 0;
+    capacity = bytes.front() + (n > 1 ? bytes.back() : 0) + 2 * block;
+  } else {
+    std::vector<size_t> sorted = bytes;
+    std::sort(sorted.rbegin(), sorted.rend());
+    capacity = sorted[0] + (n > 1 ? sorted[1] : 0);
+  }
+  p.pool = std::make_unique<PagePool>(*pages, capacity, a_.release);
+}
+
+void ZeroEngine::give_pages(Pooled& p, size_t u) {
+  for (const ArenaRange& r : pooled_ranges(p, u))
+    charge(p.category, static_cast<int64_t>(p.pool->give(static_cast<size_t>(r.begin) * p.element,
+                                                         static_cast<size_t>(r.size()) * p.element)));
+}
+
+void ZeroEngine::take_pages(Pooled& p, size_t u) {
+  for (const ArenaRange& r : pooled_ranges(p, u))
+    charge(p.category, -static_cast<int64_t>(p.pool->take(static_cast<size_t>(r.begin) * p.element,
+                                                          static_cast<size_t>(r.size()) * p.element)));
+}
+
+void ZeroEngine::drain(Pooled& p) {
+  if (p.pool) charge(p.category, -static_cast<int64_t>(p.pool->drain()));
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -88,6 +147,8 @@ ZeroEngine::~ZeroEngine() {
   }
   charge(MemCategory::Parameters, -own_param_bytes_);
   charge(MemCategory::Gradients, -own_grad_bytes_);
+  for (Pooled* p : {&weight_pool_, &master_pool_, &grad_pool_})
+    if (p->pool) charge(p->category, -static_cast<int64_t>(p->pool->pooled_bytes()));
 }
 
 std::pair<ArenaRange, ArenaRange> ZeroEngine::others(size_t u) const {
@@ -134,6 +195,8 @@ void ZeroEngine::prefetch(size_t u) {
     held_[u] = Held::Gathered;
     return;
   }
+  for (Pooled* p : {&weight_pool_, &master_pool_})
+    if (p->pool) take_pages(*p, u);
   const int64_t others_n = unit.size() - mine.size();
   const int64_t f32_others = a_.lowp ? f32_within(unit) - f32_within(mine) : 0;
   charged_[u] = a_.lowp ? others_n * static_cast<int64_t>(sizeof(bf16)) + f32_others * static_cast<int64_t>(sizeof(float))
@@ -199,20 +262,27 @@ void ZeroEngine::release(size_t u) {
   f32_send_[u] = Scratch();
   f32_recv_[u] = Scratch();
   const auto [before, after] = others(u);
-  for (const ArenaRange& r : {before, after}) {
-    a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
-                             a_.release);
-    if (a_.lowp_pages)
-      a_.lowp_pages->release(static_cast<size_t>(r.begin) * sizeof(bf16), static_cast<size_t>(r.size()) * sizeof(bf16),
-                             a_.release);
-  }
   charge(MemCategory::Parameters, -charged_[u]);
+  if (weight_pool_.pool) {
+    give_pages(weight_pool_, u);
+    if (master_pool_.pool) give_pages(master_pool_, u);  // bf16 mode: only the f32-read masters are backed
+  } else {
+    for (const ArenaRange& r : {before, after}) {
+      a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
+                               a_.release);
+      if (a_.lowp_pages)
+        a_.lowp_pages->release(static_cast<size_t>(r.begin) * sizeof(bf16), static_cast<size_t>(r.size()) * sizeof(bf16),
+                               a_.release);
+    }
+  }
   charged_[u] = 0;
   held_[u] = Held::Sharded;
 }
 
 void ZeroEngine::release_all() {
   for (size_t u = 0; u < plan_.units(); ++u) release(u);
+  drain(weight_pool_);
+  drain(master_pool_);
   if (stage_ < 3 && full_masters_) {  // ZeRO-1/2 after a checkpoint gather on this rank
     drop_unowned_masters();
     for (auto& c : charged_) charge(MemCategory::Parameters, -std::exchange(c, 0));
@@ -272,6 +342,7 @@ void ZeroEngine::gather_full_masters(int root) {
 void ZeroEngine::zero_unit_grads(size_t u) {
   if (stage_ < 2) return;
   if (!reducing_[u].empty()) finish_unit(u);  // the previous micro-batch's reduction reads these
+  if (grad_pool_.pool && !grad_scratch_[u]) take_pages(grad_pool_, u);
   const auto [before, after] = others(u);
   for (const ArenaRange& r : {before, after})
     if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
@@ -300,10 +371,14 @@ void ZeroEngine::finish_unit(size_t u) {
   reduce_order_.erase(std::remove(reduce_order_.begin(), reduce_order_.end(), u), reduce_order_.end());
   if (stage_ >= 2 && grad_scratch_[u]) {
     const auto [before, after] = others(u);
-    for (const ArenaRange& r : {before, after})
-      a_.grad_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
-                             a_.release);
     charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+    if (grad_pool_.pool) {
+      give_pages(grad_pool_, u);
+    } else {
+      for (const ArenaRange& r : {before, after})
+        a_.grad_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
+                               a_.release);
+    }
     grad_scratch_[u] = false;
   }
 }

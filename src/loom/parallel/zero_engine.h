@@ -8,11 +8,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "loom/comm/process_group.h"
 #include "loom/core/allocator.h"
 #include "loom/core/bf16.h"
+#include "loom/core/page_pool.h"
 #include "loom/core/page_reservation.h"
 #include "loom/spec/shard_plan.h"
 #include "loom/profile/tracer.h"
@@ -106,6 +108,22 @@ class ZeroEngine {
   // Elements of `r` the model reads in f32.
   int64_t f32_within(const ArenaRange& r) const;
   void charge(MemCategory c, int64_t bytes);
+  // Lazy release: the pages one unit gives back go to the next unit that needs them (PagePool) --
+  // ZeRO-3's gathered weights (bf16 copies, or f32 masters in f32 mode), in bf16 mode also the f32-read
+  // masters the gathers unpack, and ZeRO-2/3's gradient scratch. What a pool holds is charged to its
+  // category.
+  struct Pooled {
+    std::unique_ptr<PagePool> pool;
+    size_t element = 0;      // bytes per element of its arena
+    bool f32_only = false;   // serves only the elements read in f32 (the masters in bf16 mode)
+    MemCategory category = MemCategory::Parameters;
+  };
+  // The element ranges of unit u a pool serves: the non-owned parts, or the f32-read elements in them.
+  std::vector<ArenaRange> pooled_ranges(const Pooled& p, size_t u) const;
+  void make_pool(Pooled& p, PageReservation* pages, size_t element, bool f32_only, MemCategory c, bool weights);
+  void give_pages(Pooled& p, size_t u);
+  void take_pages(Pooled& p, size_t u);
+  void drain(Pooled& p);
   // Waits for w; the time is exposed communication (a span named `what` in the trace).
   void wait(comm::Work& w, const char* what);
 
@@ -127,6 +145,8 @@ class ZeroEngine {
   std::vector<bool> grad_scratch_;                  // ZeRO-2/3: unit's non-owned gradients resident
   std::vector<size_t> reduce_order_;                // units reduced and not finished, oldest first
   bool full_masters_ = false;                       // gather_full_masters() ran here; lowp not gathered
+  // Pools (empty `pool` under eager release: pages then follow the sharding exactly).
+  Pooled weight_pool_, master_pool_, grad_pool_;
   double wait_seconds_ = 0;
 };
 
