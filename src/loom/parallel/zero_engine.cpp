@@ -114,12 +114,14 @@ void ZeroEngine::make_pool(Pooled& p, PageReservation* pages, size_t element, bo
 }
 
 void ZeroEngine::give_pages(Pooled& p, size_t u) {
+  profile::Span span(tracer_, "zero_pages_give", profile::Category::Host);
   for (const ArenaRange& r : pooled_ranges(p, u))
     charge(p.category, static_cast<int64_t>(p.pool->give(static_cast<size_t>(r.begin) * p.element,
                                                          static_cast<size_t>(r.size()) * p.element)));
 }
 
 void ZeroEngine::take_pages(Pooled& p, size_t u) {
+  profile::Span span(tracer_, "zero_pages_take", profile::Category::Host);
   for (const ArenaRange& r : pooled_ranges(p, u))
     charge(p.category, -static_cast<int64_t>(p.pool->take(static_cast<size_t>(r.begin) * p.element,
                                                           static_cast<size_t>(r.size()) * p.element)));
@@ -343,6 +345,7 @@ void ZeroEngine::zero_unit_grads(size_t u) {
   if (stage_ < 2) return;
   if (!reducing_[u].empty()) finish_unit(u);  // the previous micro-batch's reduction reads these
   if (grad_pool_.pool && !grad_scratch_[u]) take_pages(grad_pool_, u);
+  profile::Span span(tracer_, "zero_grad_clear", profile::Category::Kernel);
   const auto [before, after] = others(u);
   for (const ArenaRange& r : {before, after})
     if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
