@@ -3,6 +3,8 @@
 // goals of issue 6 (or, where a goal is missed, within the bound docs/planner.md reports).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -82,6 +84,26 @@ TEST(Search, MoreBandwidthOrFlopsNeverSlowsTheChosenLayout) {
       EXPECT_GE(s.same_layout, best.time.total * (1 - 1e-9)) << s.figure;
     }
   }
+}
+
+// The what-if names the requirement that pays most: a compute-bound job gains most from FLOP/s.
+TEST(Search, SensitivityVerdictNamesTheFigureThatPaysMost) {
+  Job j = job("llama3-8b", "h100:8", 8192, 32);
+  auto best = search(j, {}, 1).ranked.front();
+  ASSERT_EQ(best.time.bound(), "compute");
+  const auto v = sensitivity_verdict(sensitivity(j, {}, best.layout), best.time.total);
+  EXPECT_EQ(v.pays_most, "peak FLOP/s");
+  EXPECT_LT(v.gain, -0.2);
+  EXPECT_EQ(v.hurts_most, "peak FLOP/s");
+  EXPECT_GT(v.loss, 0.5);
+  // Hand-made rows: a halving that leaves nothing that fits hurts most; a doubling that helps nothing
+  // pays nothing.
+  const std::vector<Sensitivity> rows = {{"memory capacity", 0.5, 0, 0}, {"peak FLOP/s", 0.5, 12, 12},
+                                         {"link latency", 2, 10.5, 10.5}};
+  const auto w = sensitivity_verdict(rows, 10);
+  EXPECT_EQ(w.hurts_most, "memory capacity");
+  EXPECT_TRUE(std::isinf(w.loss));
+  EXPECT_TRUE(w.pays_most.empty());
 }
 
 TEST(Search, LayoutThatCannotDivideTheModelIsAOneLineError) {

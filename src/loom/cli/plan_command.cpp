@@ -2,6 +2,8 @@
 // (or JSON), walk through the best one (--explain), show what each hardware figure is worth
 // (--sensitivity), or check the cost model against published results (--validate FILE).
 #include <fmt/format.h>
+
+#include <cmath>
 #include <unistd.h>
 
 #include <filesystem>
@@ -147,10 +149,16 @@ int run_plan(const PlanOptions& o) {
                        {"evaluated", r.evaluated}, {"feasible", r.feasible}};
     for (auto& [reason, n] : r.rejected) out["rejected"][std::string(plan::reject_name(reason))] = n;
     for (auto& c : r.ranked) out["layouts"].push_back(to_json(c, job));
-    if (o.sensitivity)
-      for (auto& s : plan::sensitivity(job, fixed, r.ranked.front().layout))
+    if (o.sensitivity) {
+      const auto rows = plan::sensitivity(job, fixed, r.ranked.front().layout);
+      for (auto& s : rows)
         out["sensitivity"].push_back({{"figure", s.figure}, {"factor", s.factor}, {"step_s", s.same_layout},
                                       {"replanned_step_s", s.replanned}});
+      const auto v = plan::sensitivity_verdict(rows, r.ranked.front().time.total);
+      out["pays_most_if_doubled"] = {{"figure", v.pays_most}, {"step_change", v.gain}};
+      out["hurts_most_if_halved"] = {{"figure", v.hurts_most},
+                                     {"step_change", std::isinf(v.loss) ? nlohmann::json(nullptr) : nlohmann::json(v.loss)}};
+    }
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
@@ -174,10 +182,19 @@ int run_plan(const PlanOptions& o) {
     const double base = r.ranked.front().time.total;
     fmt::print("\nsensitivity of {} (step {:.3f} s): step time when one figure changes\n", r.ranked.front().layout.str(), base);
     fmt::print("  {:<20} {:>6} {:>14} {:>16}\n", "figure", "x", "same layout", "re-planned");
-    for (auto& s : plan::sensitivity(job, fixed, r.ranked.front().layout)) {
+    const auto rows = plan::sensitivity(job, fixed, r.ranked.front().layout);
+    for (auto& s : rows) {
       auto cell = [&](double v) { return v > 0 ? fmt::format("{:.3f} s ({:+.0f}%)", v, 100 * (v / base - 1)) : std::string("does not fit"); };
       fmt::print("  {:<20} {:>6} {:>14} {:>16}\n", s.figure, s.factor, cell(s.same_layout), cell(s.replanned));
     }
+    const auto v = plan::sensitivity_verdict(rows, base);
+    if (v.pays_most.empty())
+      fmt::print("  doubling no single figure shortens this step\n");
+    else
+      fmt::print("  pays most if doubled: {} ({:+.0f}% step time, re-planned)\n", v.pays_most, 100 * v.gain);
+    if (!v.hurts_most.empty())
+      fmt::print("  hurts most if halved: {} ({})\n", v.hurts_most,
+                 std::isinf(v.loss) ? std::string("no layout fits") : fmt::format("{:+.0f}% step time, re-planned", 100 * v.loss));
   }
   return 0;
 }

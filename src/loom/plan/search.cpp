@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 
 #include "loom/error.h"
 
@@ -167,6 +168,18 @@ std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const L
       out.push_back(s);
     }
   return out;
+}
+
+SensitivityVerdict sensitivity_verdict(const std::vector<Sensitivity>& rows, double base) {
+  SensitivityVerdict v;
+  double best = 0, worst = -1;
+  for (const Sensitivity& s : rows) {
+    const double change = s.replanned > 0 ? s.replanned / base - 1 : std::numeric_limits<double>::infinity();
+    if (s.factor > 1 && change < best) best = change, v.pays_most = s.figure;
+    if (s.factor < 1 && change > worst) worst = change, v.hurts_most = s.figure;
+  }
+  v.gain = best, v.loss = std::max(0.0, worst);
+  return v;
 }
 
 }  // namespace loom::plan

@@ -52,4 +52,15 @@ struct Sensitivity {
 };
 std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const Layout& layout);
 
+// The answer the what-if is for: which figure, doubled, shortens the (re-planned) step most, and which,
+// halved, lengthens it most (a layout that no longer fits counts as infinitely slow). Fractions of
+// `base` (the current step): gain < 0, loss > 0.
+struct SensitivityVerdict {
+  std::string pays_most;
+  double gain = 0;
+  std::string hurts_most;
+  double loss = 0;  // +inf when halving it leaves no layout that fits
+};
+SensitivityVerdict sensitivity_verdict(const std::vector<Sensitivity>& rows, double base);
+
 }  // namespace loom::plan
