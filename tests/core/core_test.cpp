@@ -10,6 +10,7 @@
 #include "loom/core/page_pool.h"
 #include "loom/core/page_reservation.h"
 #include "loom/core/philox.h"
+#include "loom/core/slot_mapping.h"
 #include "loom/core/tensor.h"
 #include "loom/error.h"
 
@@ -154,6 +155,35 @@ TEST(PagePool, HandsPagesOverUpToItsCapacityAndGivesTheRestBack) {
   PagePool none(r, 0, PageReservation::Release::Eager);
   EXPECT_EQ(none.give(16 * page, 8 * page), 0u);
   EXPECT_EQ(r.resident_bytes(), 24 * page - 5 * page - 2 * page - 8 * page) << "capacity 0 passes everything back";
+}
+
+// Blocks that take turns share physical memory: parts mapped to one slot alias each other, parts in
+// different slots do not, and nothing else of the reservation changes.
+TEST(SlotMapping, PartsInOneSlotShareMemoryAndOtherSlotsDoNot) {
+  const size_t page = PageReservation::page_size(), n = 32 * page;
+  PageReservation r(n);
+  auto* b = static_cast<unsigned char*>(r.data());
+  b[0] = 7;  // outside any slot: private as before
+  EXPECT_EQ(SlotMapping::inner_pages(page + 1, 3 * page), (std::pair<size_t, size_t>{2 * page, 2 * page}));
+  EXPECT_EQ(SlotMapping::inner_pages(page + 1, page).second, 0u);
+  SlotMapping slots(r, 2, 4 * page - 100);
+  EXPECT_EQ(slots.slot_bytes(), 4 * page) << "whole pages";
+  // "Block 1" = pages 4..6 + 10, "block 3" = pages 16..18 + 22 in slot 0; "block 2" = pages 24..28 in slot 1.
+  EXPECT_EQ(slots.map(0, {{4 * page, 3 * page}, {10 * page, page}}), 4 * page);
+  EXPECT_EQ(slots.map(0, {{16 * page, 3 * page}, {22 * page, page}}), 4 * page);
+  EXPECT_EQ(slots.map(1, {{24 * page, 4 * page}}), 4 * page);
+  b[4 * page + 5] = 1;
+  b[10 * page + 9] = 2;
+  b[24 * page + 5] = 3;
+  EXPECT_EQ(b[16 * page + 5], 1) << "the same slot offset: one page of memory";
+  EXPECT_EQ(b[22 * page + 9], 2);
+  EXPECT_EQ(b[4 * page + 5 + 0], 1);
+  b[16 * page + 5] = 9;
+  EXPECT_EQ(b[4 * page + 5], 9);
+  EXPECT_EQ(b[24 * page + 5], 3) << "another slot is other memory";
+  EXPECT_EQ(b[0], 7);
+  EXPECT_THROW(slots.map(1, {{0, 5 * page}}), Error) << "more than a slot";
+  EXPECT_THROW(slots.map(2, {{0, page}}), Error);
 }
 
 TEST(Tensor, ViewsShareStorageAndCheckBounds) {

@@ -69,6 +69,10 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   charge(MemCategory::Parameters, own_param_bytes_);
   charge(MemCategory::Gradients, own_grad_bytes_);
   if (a_.release == PageReservation::Release::Lazy) {
+    if (stage_ == 3 && a_.lowp) make_alias(lowp_alias_, a_.lowp_pages, sizeof(bf16), MemCategory::Parameters);
+    if (stage_ >= 2) make_alias(grad_alias_, a_.grad_pages, sizeof(float), MemCategory::Gradients);
+    weight_pool_.alias = &lowp_alias_;
+    grad_pool_.alias = &grad_alias_;
     if (stage_ == 3 && a_.lowp) {
       make_pool(weight_pool_, a_.lowp_pages, sizeof(bf16), false, MemCategory::Parameters, true);
       make_pool(master_pool_, a_.master_pages, sizeof(float), true, MemCategory::Parameters, true);
@@ -79,7 +83,47 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   }
 }
 
+void ZeroEngine::make_alias(Aliased& a, PageReservation* pages, size_t element, MemCategory c) {
+  const size_t n = plan_.units();
+  if (n < 5) return;  // fewer than three blocks: two slots would save nothing
+  a.slot_of.assign(n, -1);
+  a.aliased_bytes.assign(n, 0);
+  std::vector<std::vector<std::pair<size_t, size_t>>> ranges(n);
+  size_t most = 0;
+  for (size_t u = 1; u + 1 < n; ++u) {
+    const auto [before, after] = others(u);
+    size_t bytes = 0;
+    for (const ArenaRange& r : {before, after}) {
+      ranges[u].push_back(SlotMapping::inner_pages(static_cast<size_t>(r.begin) * element, static_cast<size_t>(r.size()) * element));
+      bytes += ranges[u].back().second;
+    }
+    a.aliased_bytes[u] = static_cast<int64_t>(bytes);
+    most = std::max(most, bytes);
+  }
+  if (most == 0) return;
+  a.slots = std::make_unique<SlotMapping>(*pages, 2, most);
+  a.holder.assign(2, -1);
+  for (size_t u = 1; u + 1 < n; ++u) {
+    a.slot_of[u] = static_cast<int>((u - 1) % 2);
+    a.slots->map(a.slot_of[u], ranges[u]);
+  }
+  // The slots are resident from their first use on: charged for good, and left out of the units' own
+  // charges.
+  slot_charge_.push_back({c, static_cast<int64_t>(2 * a.slots->slot_bytes())});
+  charge(c, slot_charge_.back().second);
+}
+
+template <class Live>
+void ZeroEngine::claim_slot(Aliased& a, size_t u, Live&& live, const char* what) {
+  int& holder = a.holder[static_cast<size_t>(a.slot_of[u])];
+  if (holder >= 0 && holder != static_cast<int>(u) && live(static_cast<size_t>(holder)))
+    throw Error("internal: ZeRO " + std::string(what) + " of units " + std::to_string(holder) + " and " +
+                std::to_string(u) + " share memory and would be live at once");
+  holder = static_cast<int>(u);
+}
+
 std::vector<ArenaRange> ZeroEngine::pooled_ranges(const Pooled& p, size_t u) const {
+  if (p.alias && p.alias->has(u)) return {};
   const auto [before, after] = others(u);
   std::vector<ArenaRange> out;
   for (const ArenaRange& r : {before, after}) {
@@ -142,15 +186,19 @@ ZeroEngine::~ZeroEngine() {
   }
   for (size_t u = 0; u < plan_.units(); ++u) {
     charge(MemCategory::Parameters, -charged_[u]);
-    if (grad_scratch_[u]) {
-      const auto [before, after] = others(u);
-      charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
-    }
+    if (grad_scratch_[u]) charge(MemCategory::Gradients, -grad_scratch_bytes(u));
   }
   charge(MemCategory::Parameters, -own_param_bytes_);
   charge(MemCategory::Gradients, -own_grad_bytes_);
   for (Pooled* p : {&weight_pool_, &master_pool_, &grad_pool_})
     if (p->pool) charge(p->category, -static_cast<int64_t>(p->pool->pooled_bytes()));
+  for (const auto& [category, bytes] : slot_charge_) charge(category, -bytes);
+}
+
+int64_t ZeroEngine::grad_scratch_bytes(size_t u) const {
+  const auto [before, after] = others(u);
+  const int64_t all = (before.size() + after.size()) * static_cast<int64_t>(sizeof(float));
+  return grad_alias_.has(u) ? all - grad_alias_.aliased_bytes[u] : all;  // the slot is charged on its own
 }
 
 std::pair<ArenaRange, ArenaRange> ZeroEngine::others(size_t u) const {
@@ -203,6 +251,10 @@ void ZeroEngine::prefetch(size_t u) {
   const int64_t f32_others = a_.lowp ? f32_within(unit) - f32_within(mine) : 0;
   charged_[u] = a_.lowp ? others_n * static_cast<int64_t>(sizeof(bf16)) + f32_others * static_cast<int64_t>(sizeof(float))
                         : others_n * static_cast<int64_t>(sizeof(float));
+  if (lowp_alias_.has(u)) {
+    claim_slot(lowp_alias_, u, [&](size_t v) { return held_[v] != Held::Sharded; }, "weight gathers");
+    charged_[u] -= lowp_alias_.aliased_bytes[u];  // the slot is charged on its own
+  }
   charge(MemCategory::Parameters, charged_[u]);
   issue_gather(u);
 }
@@ -279,6 +331,8 @@ void ZeroEngine::release(size_t u) {
   }
   charged_[u] = 0;
   held_[u] = Held::Sharded;
+  if (lowp_alias_.has(u) && lowp_alias_.holder[static_cast<size_t>(lowp_alias_.slot_of[u])] == static_cast<int>(u))
+    lowp_alias_.holder[static_cast<size_t>(lowp_alias_.slot_of[u])] = -1;
 }
 
 void ZeroEngine::release_all() {
@@ -344,12 +398,20 @@ void ZeroEngine::gather_full_masters(int root) {
 void ZeroEngine::zero_unit_grads(size_t u) {
   if (stage_ < 2) return;
   if (!reducing_[u].empty()) finish_unit(u);  // the previous micro-batch's reduction reads these
+  if (grad_alias_.has(u) && !grad_scratch_[u]) {
+    // The unit that used this slot last must be done: its reduction landed (waited for here if it is
+    // still under way) -- the hooks' order guarantees it; a different order is refused, not corrupted.
+    const int v = grad_alias_.holder[static_cast<size_t>(grad_alias_.slot_of[u])];
+    if (v >= 0 && v != static_cast<int>(u) && grad_scratch_[static_cast<size_t>(v)] && !reducing_[static_cast<size_t>(v)].empty())
+      finish_unit(static_cast<size_t>(v));
+    claim_slot(grad_alias_, u, [&](size_t w) { return static_cast<bool>(grad_scratch_[w]); }, "gradient scratch");
+  }
   if (grad_pool_.pool && !grad_scratch_[u]) take_pages(grad_pool_, u);
   profile::Span span(tracer_, "zero_grad_clear", profile::Category::Kernel);
   const auto [before, after] = others(u);
   for (const ArenaRange& r : {before, after})
     if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
-  if (!grad_scratch_[u]) charge(MemCategory::Gradients, (before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+  if (!grad_scratch_[u]) charge(MemCategory::Gradients, grad_scratch_bytes(u));
   grad_scratch_[u] = true;
 }
 
@@ -374,7 +436,9 @@ void ZeroEngine::finish_unit(size_t u) {
   reduce_order_.erase(std::remove(reduce_order_.begin(), reduce_order_.end(), u), reduce_order_.end());
   if (stage_ >= 2 && grad_scratch_[u]) {
     const auto [before, after] = others(u);
-    charge(MemCategory::Gradients, -(before.size() + after.size()) * static_cast<int64_t>(sizeof(float)));
+    charge(MemCategory::Gradients, -grad_scratch_bytes(u));
+    if (grad_alias_.has(u) && grad_alias_.holder[static_cast<size_t>(grad_alias_.slot_of[u])] == static_cast<int>(u))
+      grad_alias_.holder[static_cast<size_t>(grad_alias_.slot_of[u])] = -1;
     if (grad_pool_.pool) {
       give_pages(grad_pool_, u);
     } else {

@@ -16,6 +16,7 @@
 #include "loom/core/bf16.h"
 #include "loom/core/page_pool.h"
 #include "loom/core/page_reservation.h"
+#include "loom/core/slot_mapping.h"
 #include "loom/spec/shard_plan.h"
 #include "loom/profile/tracer.h"
 
@@ -103,6 +104,8 @@ class ZeroEngine {
     void* data() const { return registered.size() ? static_cast<void*>(registered.data()) : plain.data(); }
   };
   Scratch scratch(size_t bytes);
+  // Bytes charged for unit u's gradient scratch while it is resident (its slot's pages aside).
+  int64_t grad_scratch_bytes(size_t u) const;
   // The parts of unit u this rank does not own (before and after its piece).
   std::pair<ArenaRange, ArenaRange> others(size_t u) const;
   // Elements of `r` the model reads in f32.
@@ -112,7 +115,22 @@ class ZeroEngine {
   // ZeRO-3's gathered weights (bf16 copies, or f32 masters in f32 mode), in bf16 mode also the f32-read
   // masters the gathers unpack, and ZeRO-2/3's gradient scratch. What a pool holds is charged to its
   // category.
+  // Lazy release, blocks: the non-owned pages of block u live in slot u mod 2 for good (SlotMapping),
+  // for ZeRO-3's bf16 copies and ZeRO-2/3's gradient scratch; the pools below then serve only the other
+  // units (embeddings, head) and the f32 arenas.
+  struct Aliased {
+    std::unique_ptr<SlotMapping> slots;
+    std::vector<int> slot_of;             // per unit: its slot, or -1 (not aliased)
+    std::vector<int64_t> aliased_bytes;   // per unit: bytes that live in its slot
+    std::vector<int> holder;              // per slot: the unit live in it now, or -1
+    bool has(size_t u) const { return slots && slot_of[u] >= 0; }
+  };
+  void make_alias(Aliased& a, PageReservation* pages, size_t element, MemCategory c);
+  // Marks unit u live in its slot; throws if another unit sharing it is still live (`live(v)`).
+  template <class Live>
+  void claim_slot(Aliased& a, size_t u, Live&& live, const char* what);
   struct Pooled {
+    const Aliased* alias = nullptr;  // units it aliases are not pooled
     std::unique_ptr<PagePool> pool;
     size_t element = 0;      // bytes per element of its arena
     bool f32_only = false;   // serves only the elements read in f32 (the masters in bf16 mode)
@@ -146,6 +164,8 @@ class ZeroEngine {
   std::vector<size_t> reduce_order_;                // units reduced and not finished, oldest first
   bool full_masters_ = false;                       // gather_full_masters() ran here; lowp not gathered
   // Pools (empty `pool` under eager release: pages then follow the sharding exactly).
+  Aliased lowp_alias_, grad_alias_;
+  std::vector<std::pair<MemCategory, int64_t>> slot_charge_;  // charged for the slots, for good
   Pooled weight_pool_, master_pool_, grad_pool_;
   double wait_seconds_ = 0;
 };
