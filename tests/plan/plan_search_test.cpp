@@ -98,12 +98,17 @@ TEST(Search, SensitivityVerdictNamesTheFigureThatPaysMost) {
   EXPECT_GT(v.loss, 0.5);
   // Hand-made rows: a halving that leaves nothing that fits hurts most; a doubling that helps nothing
   // pays nothing.
-  const std::vector<Sensitivity> rows = {{"memory capacity", 0.5, 0, 0}, {"peak FLOP/s", 0.5, 12, 12},
-                                         {"link latency", 2, 10.5, 10.5}};
+  const std::vector<Sensitivity> rows = {{"memory capacity", 0.5, false, 0, 0}, {"peak FLOP/s", 0.5, false, 12, 12},
+                                         {"memory bandwidth", 2, true, 10.5, 10.5}};
   const auto w = sensitivity_verdict(rows, 10);
   EXPECT_EQ(w.hurts_most, "memory capacity");
   EXPECT_TRUE(std::isinf(w.loss));
   EXPECT_TRUE(w.pays_most.empty());
+  // Latency improves when it halves: a latency-bound step names it as what pays.
+  const std::vector<Sensitivity> lat = {{"link latency", 0.5, true, 6, 6}, {"link latency", 2, false, 18, 18},
+                                        {"peak FLOP/s", 2, true, 9, 9}};
+  EXPECT_EQ(sensitivity_verdict(lat, 10).pays_most, "link latency");
+  EXPECT_EQ(sensitivity_verdict(lat, 10).hurts_most, "link latency");
 }
 
 TEST(Search, LayoutThatCannotDivideTheModelIsAOneLineError) {

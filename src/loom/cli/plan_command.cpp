@@ -155,8 +155,8 @@ int run_plan(const PlanOptions& o) {
         out["sensitivity"].push_back({{"figure", s.figure}, {"factor", s.factor}, {"step_s", s.same_layout},
                                       {"replanned_step_s", s.replanned}});
       const auto v = plan::sensitivity_verdict(rows, r.ranked.front().time.total);
-      out["pays_most_if_doubled"] = {{"figure", v.pays_most}, {"step_change", v.gain}};
-      out["hurts_most_if_halved"] = {{"figure", v.hurts_most},
+      out["pays_most_if_twice_as_good"] = {{"figure", v.pays_most}, {"step_change", v.gain}};
+      out["hurts_most_if_twice_as_bad"] = {{"figure", v.hurts_most},
                                      {"step_change", std::isinf(v.loss) ? nlohmann::json(nullptr) : nlohmann::json(v.loss)}};
     }
     fmt::print("{}\n", out.dump(2));
@@ -189,11 +189,11 @@ int run_plan(const PlanOptions& o) {
     }
     const auto v = plan::sensitivity_verdict(rows, base);
     if (v.pays_most.empty())
-      fmt::print("  doubling no single figure shortens this step\n");
+      fmt::print("  making no single figure twice as good shortens this step\n");
     else
-      fmt::print("  pays most if doubled: {} ({:+.0f}% step time, re-planned)\n", v.pays_most, 100 * v.gain);
+      fmt::print("  pays most if twice as good: {} ({:+.0f}% step time, re-planned)\n", v.pays_most, 100 * v.gain);
     if (!v.hurts_most.empty())
-      fmt::print("  hurts most if halved: {} ({})\n", v.hurts_most,
+      fmt::print("  hurts most if twice as bad: {} ({})\n", v.hurts_most,
                  std::isinf(v.loss) ? std::string("no layout fits") : fmt::format("{:+.0f}% step time, re-planned", 100 * v.loss));
   }
   return 0;

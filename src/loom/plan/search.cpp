@@ -145,6 +145,7 @@ std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const L
   struct Knob {
     const char* name;
     std::function<void(Hardware&, double)> scale;
+    bool lower_is_better = false;
   };
   const std::vector<Knob> knobs = {
       {"peak FLOP/s", [](Hardware& h, double x) { h.device.peak_bf16 *= x, h.device.peak_fp8 *= x, h.device.peak_f32 *= x; }},
@@ -152,14 +153,14 @@ std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const L
       {"memory capacity", [](Hardware& h, double x) { h.device.memory_bytes *= x; }},
       {"intra-node link", [](Hardware& h, double x) { h.intra_node.bandwidth *= x; }},
       {"inter-node network", [](Hardware& h, double x) { h.inter_node.bandwidth *= x; }},
-      {"link latency", [](Hardware& h, double x) { h.intra_node.latency *= x, h.inter_node.latency *= x; }},
+      {"link latency", [](Hardware& h, double x) { h.intra_node.latency *= x, h.inter_node.latency *= x; }, true},
   };
   std::vector<Sensitivity> out;
   for (auto& k : knobs)
     for (double factor : {2.0, 0.5}) {
       Job j = job;
       k.scale(j.cluster.hw, factor);
-      Sensitivity s{k.name, factor, 0, 0};
+      Sensitivity s{k.name, factor, (factor > 1) != k.lower_is_better, 0, 0};
       if (memory_per_device(layout, j).fits()) s.same_layout = step_time(layout, j).total;
       try {
         s.replanned = search(j, fixed, 1).ranked.front().time.total;
@@ -175,8 +176,8 @@ SensitivityVerdict sensitivity_verdict(const std::vector<Sensitivity>& rows, dou
   double best = 0, worst = -1;
   for (const Sensitivity& s : rows) {
     const double change = s.replanned > 0 ? s.replanned / base - 1 : std::numeric_limits<double>::infinity();
-    if (s.factor > 1 && change < best) best = change, v.pays_most = s.figure;
-    if (s.factor < 1 && change > worst) worst = change, v.hurts_most = s.figure;
+    if (s.better && change < best) best = change, v.pays_most = s.figure;
+    if (!s.better && change > worst) worst = change, v.hurts_most = s.figure;
   }
   v.gain = best, v.loss = std::max(0.0, worst);
   return v;

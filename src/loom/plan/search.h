@@ -47,14 +47,15 @@ SearchResult search(const Job& job, const Fixed& fixed, int top);
 struct Sensitivity {
   std::string figure;  // "peak FLOP/s", "memory bandwidth", "memory capacity", "intra-node link", ...
   double factor = 1;
+  bool better = false;     // the figure improves (x2, or x0.5 for latency)
   double same_layout = 0;  // seconds; 0 when the layout no longer fits
   double replanned = 0;    // seconds of the best layout found again; 0 when none fits
 };
 std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const Layout& layout);
 
-// The answer the what-if is for: which figure, doubled, shortens the (re-planned) step most, and which,
-// halved, lengthens it most (a layout that no longer fits counts as infinitely slow). Fractions of
-// `base` (the current step): gain < 0, loss > 0.
+// The answer the what-if is for: which figure, made twice as good (x2; latency x0.5), shortens the
+// (re-planned) step most, and which, made twice as bad, lengthens it most (a layout that no longer fits
+// counts as infinitely slow). Fractions of `base` (the current step): gain < 0, loss > 0.
 struct SensitivityVerdict {
   std::string pays_most;
   double gain = 0;
