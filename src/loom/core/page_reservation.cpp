@@ -81,6 +81,10 @@ size_t PageReservation::move_pages(size_t from, size_t to, size_t bytes) {
   // EFAULT, so it is moved in halves down to single pages.
   void* moved = ::mremap(base + from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, base + to);
   if (moved == MAP_FAILED) {
+    // The kernel may have unmapped the destination before refusing: reserve it again, so no address of
+    // the arena is ever left unmapped.
+    if (::mmap(base + to, bytes, kReserveProt, kReserveFlags | MAP_FIXED, -1, 0) == MAP_FAILED)
+      throw Error(std::string("cannot re-reserve address space after a refused page move: ") + std::strerror(errno));
     if (bytes == page) return 0;
     const size_t half = bytes / page / 2 * page;
     return move_pages(from, to, half) + move_pages(from + half, to + half, bytes - half);

@@ -33,7 +33,8 @@ class PageReservation {
   // Moves the pages backing [from, from + bytes) to [to, to + bytes) (page-aligned offsets, ranges
   // apart): what backed `to` is dropped, and `from` is left reserved and unbacked. Nothing is copied or
   // faulted in: the page tables move (mremap). Returns the bytes moved, which may fall short (a page
-  // at a time) where the kernel refuses; whatever did not move is as it was.
+  // at a time) where the kernel refuses; pages that did not move stay at `from`, and their part of
+  // `to` is left reserved and unbacked.
   size_t move_pages(size_t from, size_t to, size_t bytes);
   // Bytes of the reservation that are backed by memory now (from mincore; for tests and reports).
   size_t resident_bytes() const;

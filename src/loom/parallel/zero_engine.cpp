@@ -66,8 +66,6 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
     own_param_bytes_ = (own + f32_others) * static_cast<int64_t>(sizeof(float));
   }
   if (a_.grad_pages) own_grad_bytes_ = own * static_cast<int64_t>(sizeof(float));
-  charge(MemCategory::Parameters, own_param_bytes_);
-  charge(MemCategory::Gradients, own_grad_bytes_);
   if (a_.release == PageReservation::Release::Lazy) {
     if (stage_ == 3 && a_.lowp) make_alias(lowp_alias_, a_.lowp_pages, sizeof(bf16), MemCategory::Parameters);
     if (stage_ >= 2) make_alias(grad_alias_, a_.grad_pages, sizeof(float), MemCategory::Gradients);
@@ -81,6 +79,8 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
     }
     if (stage_ >= 2) make_pool(grad_pool_, a_.grad_pages, sizeof(float), false, MemCategory::Gradients, false);
   }
+  charge(MemCategory::Parameters, own_param_bytes_);
+  charge(MemCategory::Gradients, own_grad_bytes_);
 }
 
 void ZeroEngine::make_alias(Aliased& a, PageReservation* pages, size_t element, MemCategory c) {
@@ -120,6 +120,22 @@ void ZeroEngine::claim_slot(Aliased& a, size_t u, Live&& live, const char* what)
     throw Error("internal: ZeRO " + std::string(what) + " of units " + std::to_string(holder) + " and " +
                 std::to_string(u) + " share memory and would be live at once");
   holder = static_cast<int>(u);
+}
+
+void ZeroEngine::release_masters_outside_f32_pages(const ArenaRange& r) {
+  if (r.size() == 0) return;
+  size_t at = static_cast<size_t>(r.begin) * sizeof(float);
+  auto upto = [&](size_t end) {
+    if (end > at) a_.master_pages->release(at, end - at, a_.release);
+  };
+  for_each_overlap(f32_, r, [&](const ArenaRange& o) {
+    const auto [first, bytes] = SlotMapping::inner_pages(static_cast<size_t>(o.begin) * sizeof(float),
+                                                         static_cast<size_t>(o.size()) * sizeof(float));
+    if (bytes == 0) return;  // no whole page: released with what surrounds it
+    upto(first);
+    at = first + bytes;
+  });
+  upto(static_cast<size_t>(r.end) * sizeof(float));
 }
 
 std::vector<ArenaRange> ZeroEngine::pooled_ranges(const Pooled& p, size_t u) const {
@@ -245,16 +261,14 @@ void ZeroEngine::prefetch(size_t u) {
     held_[u] = Held::Gathered;
     return;
   }
+  if (lowp_alias_.has(u)) claim_slot(lowp_alias_, u, [&](size_t v) { return held_[v] != Held::Sharded; }, "weight gathers");
   for (Pooled* p : {&weight_pool_, &master_pool_})
     if (p->pool) take_pages(*p, u);
   const int64_t others_n = unit.size() - mine.size();
   const int64_t f32_others = a_.lowp ? f32_within(unit) - f32_within(mine) : 0;
   charged_[u] = a_.lowp ? others_n * static_cast<int64_t>(sizeof(bf16)) + f32_others * static_cast<int64_t>(sizeof(float))
                         : others_n * static_cast<int64_t>(sizeof(float));
-  if (lowp_alias_.has(u)) {
-    claim_slot(lowp_alias_, u, [&](size_t v) { return held_[v] != Held::Sharded; }, "weight gathers");
-    charged_[u] -= lowp_alias_.aliased_bytes[u];  // the slot is charged on its own
-  }
+  if (lowp_alias_.has(u)) charged_[u] -= lowp_alias_.aliased_bytes[u];  // the slot is charged on its own
   charge(MemCategory::Parameters, charged_[u]);
   issue_gather(u);
 }
@@ -319,7 +333,13 @@ void ZeroEngine::release(size_t u) {
   charge(MemCategory::Parameters, -charged_[u]);
   if (weight_pool_.pool) {
     give_pages(weight_pool_, u);
-    if (master_pool_.pool) give_pages(master_pool_, u);  // bf16 mode: only the f32-read masters are backed
+    if (master_pool_.pool) {
+      // bf16 mode: the pool takes the whole pages of the f32-read masters; every other page of the
+      // non-owned masters goes back (small f32 ranges between them, and on the rank that gathered
+      // whole masters for a checkpoint, all the rest).
+      give_pages(master_pool_, u);
+      for (const ArenaRange& r : {before, after}) release_masters_outside_f32_pages(r);
+    }
   } else {
     for (const ArenaRange& r : {before, after}) {
       a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),

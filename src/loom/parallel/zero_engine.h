@@ -142,6 +142,9 @@ class ZeroEngine {
   void give_pages(Pooled& p, size_t u);
   void take_pages(Pooled& p, size_t u);
   void drain(Pooled& p);
+  // bf16 mode: gives back every page of the non-owned masters in `r` except the whole pages of f32-read
+  // elements (the master pool's).
+  void release_masters_outside_f32_pages(const ArenaRange& r);
   // Waits for w; the time is exposed communication (a span named `what` in the trace).
   void wait(comm::Work& w, const char* what);
 
