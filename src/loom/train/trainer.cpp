@@ -1,5 +1,6 @@
 #include "loom/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -171,14 +172,25 @@ StepMetrics Trainer::train_step(int64_t step) {
 }
 
 void Trainer::check_finite_gradients(int64_t step) const {
-  for (const auto& p : params_->table().params()) {
-    Tensor g = params_->grad(p.name);
-    int64_t bad = kernels::find_non_finite(g.data<float>(), g.numel());
-    if (bad >= 0)
-      throw NumericError("step " + std::to_string(step) + ": gradient of '" + p.name + "' is non-finite (element " +
-                         std::to_string(bad) + " = " + std::to_string(g.data<float>()[bad]) +
-                         "); lower train.lr or set train.grad_clip");
-  }
+  // Under ZeRO only this rank's pieces hold summed gradients; the rest of the arena is scratch (stale,
+  // or shared between blocks), so only the pieces are searched.
+  const std::vector<spec::ArenaRange> scan =
+      zero_ ? optimizer_->pieces() : std::vector<spec::ArenaRange>{{0, params_->grads().numel()}};
+  const float* grads = params_->grads().data<float>();
+  for (const auto& p : params_->table().params())
+    for (const auto& r : scan) {
+      const int64_t begin = std::max(p.offset, r.begin), end = std::min(p.offset + p.numel(), r.end);
+      if (begin >= end) continue;
+      const int64_t bad = kernels::find_non_finite(grads + begin, end - begin);
+      if (bad >= 0)
+        throw NumericError("step " + std::to_string(step) + ": gradient of '" + p.name + "' is non-finite (element " +
+                           std::to_string(begin - p.offset + bad) + " = " + std::to_string(grads[begin + bad]) +
+                           "); lower train.lr or set train.grad_clip");
+    }
+  if (zero_)
+    throw NumericError("step " + std::to_string(step) +
+                       ": gradient norm is non-finite; this rank's gradient pieces are finite, so another data-parallel "
+                       "rank's are not (see its error); lower train.lr or set train.grad_clip");
   throw NumericError("step " + std::to_string(step) + ": gradient norm is non-finite (overflow in the sum of squares)");
 }
 
