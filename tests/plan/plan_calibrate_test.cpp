@@ -13,6 +13,7 @@
 #include "loom/plan/calibration.h"
 #include "loom/plan/collective_cost.h"
 #include "loom/plan/hardware.h"
+#include "loom/plan/time_model.h"
 
 using namespace loom;
 using namespace loom::plan;
@@ -54,6 +55,10 @@ TEST(Calibrate, QuickRunWritesAHardwareFileThatPlansAccept) {
   EXPECT_EQ(hw.devices_per_node, 1);
   EXPECT_GT(hw.efficiency.gemm_max, 0);
   EXPECT_LE(hw.efficiency.gemm_max, 1);
+  // Loom's own attention and element-wise kernels were measured too.
+  EXPECT_GT(hw.device.attention_flops, 0);
+  EXPECT_GT(hw.efficiency.memory, 0);
+  EXPECT_LE(hw.efficiency.memory, 1);
   std::ifstream in(file);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   // The link is Loom's own collectives between two ranks of this machine.
@@ -96,3 +101,36 @@ TEST(Calibrate, LinkFitRecoversAKnownAlphaBeta) {
   EXPECT_LT(f.rms_log_error, 0.01);
   EXPECT_THROW(fit_link({}), ConfigError);
 }
+
+// Loom's measured kernels become hardware figures: the median attention rate, and the element-wise
+// kernels' streaming rate over the triad's as the memory efficiency; they round-trip through TOML and
+// slow the planner's attention and memory-bound time exactly where measured.
+TEST(Calibrate, LoomsOwnKernelsBecomeTheAttentionRateAndTheMemoryEfficiency) {
+  Calibration c;
+  c.device_name = "test cpu";
+  c.peak_f32 = 1e11, c.peak_bf16 = 2e11, c.memory_bytes = 8.0 * (1 << 30);
+  c.bf16 = {{512, 512, 512, 1.6e11}, {64, 64, 64, 4e10}};
+  c.f32 = {{512, 512, 512, 8e10}};
+  c.stream = {{double(1 << 30), 40e9}};
+  c.attention = {{{4, 256, 6, 64}, 3e10}, {{1, 1024, 8, 64}, 5e10}, {{1, 2048, 8, 128}, 4e10}};
+  c.elementwise_bytes_per_s = 30e9;
+  Hardware hw = hardware_from_calibration(c);
+  EXPECT_DOUBLE_EQ(hw.device.attention_flops, 4e10);
+  EXPECT_DOUBLE_EQ(hw.efficiency.memory, 0.75);
+  Hardware back = parse_hardware(hardware_to_toml(hw, "test", {}), "rt.toml");
+  EXPECT_NEAR(back.device.attention_flops, 4e10, 1e4);
+
+  Job j;
+  j.model = plan_model("mini");
+  j.cluster = {hw, 1};
+  j.seq = 256, j.global_batch = 8;
+  const Layout l{.micro_batch = 8};
+  const StepTime measured = step_time(l, j);
+  j.cluster.hw.device.attention_flops = 0;  // flash attention on the GEMM curve
+  const StepTime curve = step_time(l, j);
+  EXPECT_GT(measured.memory_bound, curve.memory_bound) << "attention at 40 GFLOP/s is slower than the curve";
+  EXPECT_DOUBLE_EQ(measured.compute, curve.compute);
+  c.attention.clear(), c.elementwise_bytes_per_s = 0;
+  EXPECT_DOUBLE_EQ(hardware_from_calibration(c).efficiency.memory, 1.0) << "not measured: the triad is the rate";
+}
+

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
@@ -19,7 +20,9 @@
 #include "loom/core/allocator.h"
 #include "loom/core/cpu_features.h"
 #include "loom/error.h"
+#include "loom/kernels/attention.h"
 #include "loom/kernels/cpu_backend.h"
+#include "loom/kernels/elementwise.h"
 #include "loom/kernels/gemm.h"
 #include "loom/kernels/peak_probe.h"
 #include "loom/plan/calibration.h"
@@ -41,9 +44,24 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Best rate of one GEMM shape: a warm-up (primitive creation, page faults),
-// then repetitions until `budget` seconds have passed (at least two). Best, not
-// mean: other processes share the cores.
+// Best rate of `run` doing `work` units: a warm-up (primitive creation, page
+// faults), then repetitions until `budget` seconds have passed (at least two).
+// Best, not mean: other processes share the cores.
+template <class Run> double best_rate(double work, double budget, Run &&run) {
+  run();
+  double best = 0;
+  const auto start = Clock::now();
+  for (int rep = 0; rep < 2 || seconds_since(start) < budget; ++rep) {
+    const auto t0 = Clock::now();
+    run();
+    best = std::max(best, work / seconds_since(t0));
+    if (rep > 1000)
+      break;
+  }
+  return best;
+}
+
+// Best rate of one GEMM shape (best_rate).
 plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
                            double budget, Allocator &alloc) {
   kernels::GemmDesc d{.M = M, .N = N, .K = K, .ab_type = dtype};
@@ -67,18 +85,39 @@ plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
     kernels::gemm(d, a.data(), b.data(), static_cast<float *>(c.data()),
                   nullptr, alloc);
   };
-  run();
-  const double flops = 2.0 * M * N * K;
+  return {double(M), double(N), double(K), best_rate(2.0 * M * N * K, budget, run)};
+}
+
+// Loom's attention kernel, forward then backward, at one shape: FLOP/s by the kernel's own declared
+// costs (best of repetitions over `budget` seconds). Inputs are small random-looking values.
+std::pair<std::vector<int64_t>, double> time_attention(int64_t B, int64_t T, int64_t H, int64_t D, double budget,
+                                                       Allocator &alloc) {
+  kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D))};
+  const size_t rows = static_cast<size_t>(B * T), qkv_n = rows * 3 * H * D, out_n = rows * H * D;
+  std::vector<float> qkv(qkv_n), out(out_n), lse(rows * H), dout(out_n), dqkv(qkv_n);
+  for (size_t i = 0; i < qkv_n; ++i) qkv[i] = 0.02f * static_cast<float>(static_cast<int>(i * 2654435761u % 97) - 48);
+  for (size_t i = 0; i < out_n; ++i) dout[i] = 0.01f * static_cast<float>(static_cast<int>(i * 40503u % 89) - 44);
+  auto run = [&] {
+    kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc);
+    kernels::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc);
+  };
+  const double flops = kernels::attention_cost(s, false).flops + kernels::attention_cost(s, true).flops;
+  return {{B, T, H, D}, best_rate(flops, budget, run)};
+}
+
+// Loom's GeLU forward over `floats` elements (read + write 8 bytes each): the streaming rate of its
+// element-wise kernels, best of `passes` after a warm-up.
+double time_elementwise(int64_t floats, int passes) {
+  std::vector<float> in(static_cast<size_t>(floats)), out(static_cast<size_t>(floats));
+  for (int64_t i = 0; i < floats; ++i) in[static_cast<size_t>(i)] = 0.001f * static_cast<float>(i % 2001 - 1000);
+  kernels::gelu_forward(out.data(), in.data(), floats);
   double best = 0;
-  const auto start = Clock::now();
-  for (int rep = 0; rep < 2 || seconds_since(start) < budget; ++rep) {
+  for (int p = 0; p < passes; ++p) {
     const auto t0 = Clock::now();
-    run();
-    best = std::max(best, flops / seconds_since(t0));
-    if (rep > 1000)
-      break;
+    kernels::gelu_forward(out.data(), in.data(), floats);
+    best = std::max(best, 8.0 * static_cast<double>(floats) / seconds_since(t0));
   }
-  return {double(M), double(N), double(K), best};
+  return best;
 }
 
 // STREAM triad a = b + s*c over three arrays of `array_bytes`, parallel over
@@ -202,6 +241,15 @@ int run_calibrate(const CalibrateOptions &o) {
               : std::vector<size_t>{16 << 20, 64 << 20, 256 << 20, 512 << 20};
   for (size_t bytes : arrays)
     cal.stream.push_back(time_triad(bytes, o.quick ? 2 : 4));
+  // Loom's own non-GEMM kernels: attention at a `mini`-like and a longer shape, GeLU past the caches.
+  if (o.quick) {
+    cal.attention.push_back(time_attention(1, 64, 2, 32, budget, alloc));
+  } else {
+    cal.attention.push_back(time_attention(4, 256, 6, 64, budget, alloc));
+    cal.attention.push_back(time_attention(1, 1024, 8, 64, budget, alloc));
+    cal.attention.push_back(time_attention(1, 2048, 8, 128, budget, alloc));
+  }
+  cal.elementwise_bytes_per_s = time_elementwise(o.quick ? (1 << 20) : (16 << 20), o.quick ? 2 : 4);
 
   if (o.comm)
     for (int ranks : o.comm_ranks) {

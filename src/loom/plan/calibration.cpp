@@ -85,6 +85,17 @@ Hardware hardware_from_calibration(const Calibration &c) {
   hw.efficiency.gemm_half_dim = curve.gemm_half_dim;
   hw.efficiency.memory =
       1.0; // memory_bandwidth is already the measured streaming rate
+  // What Loom's own kernels reach: its element-wise kernels stream below the triad's rate, and its
+  // attention runs well below the GEMM curve.
+  if (c.elementwise_bytes_per_s > 0)
+    hw.efficiency.memory = std::min(1.0, c.elementwise_bytes_per_s / hw.device.memory_bandwidth);
+  if (!c.attention.empty()) {
+    std::vector<double> r;
+    for (auto &[shape, rate] : c.attention)
+      r.push_back(rate);
+    std::sort(r.begin(), r.end());
+    hw.device.attention_flops = r[r.size() / 2];
+  }
   return hw;
 }
 
@@ -176,16 +187,18 @@ std::string calibration_to_toml(const Calibration &c) {
   std::string out = hardware_to_toml(
       hw, header,
       {{"device", "memory_GiB: physical memory of the machine. peak_tflops: "
-                  "the GEMM peak named in the header (fp8: none)."},
+                  "the GEMM peak named in the header (fp8: none).\n"
+                  "attention_tflops: Loom's attention kernel, forward + backward (median "
+                  "of the shapes in [calibration])."},
        {"node", "This CPU is one device."},
        {"intra_node", not_measured},
        {"inter_node", "NOT MEASURED: no network between machines is known; "
                       "copies intra_node."},
        {"efficiency",
-        "gemm_max, gemm_half_dim: fitted (see header). memory = 1: the "
-        "bandwidth above is\n"
-        "measured streaming. link: 1 when intra_node was measured (its bandwidth is "
-        "achieved bus\nbandwidth), else the default of hardware.h."}});
+        "gemm_max, gemm_half_dim: fitted (see header). memory: Loom's element-wise "
+        "kernels' streaming rate\n"
+        "over the triad's (1 when not measured). link: 1 when intra_node was measured "
+        "(its bandwidth is achieved bus\nbandwidth), else the default of hardware.h."}});
   auto list = [](auto const &v, auto f) {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i)
@@ -221,6 +234,17 @@ std::string calibration_to_toml(const Calibration &c) {
                      }));
   out +=
       fmt::format("gemm_curve_rms_log_error = {:.4g}\n", curve.rms_log_error);
+  if (!c.attention.empty()) {
+    out += "# Loom's attention kernel, forward + backward: shapes [B, T, H, D], GFLOP/s (its declared FLOPs).\n";
+    out += fmt::format("attention_shapes = {}\n", list(c.attention, [](const auto &a) {
+                         return fmt::format("[{}, {}, {}, {}]", a.first[0], a.first[1], a.first[2], a.first[3]);
+                       }));
+    out += fmt::format("attention_GFLOPs = {}\n",
+                       list(c.attention, [](const auto &a) { return fmt::format("{:.4g}", a.second * 1e-9); }));
+  }
+  if (c.elementwise_bytes_per_s > 0)
+    out += fmt::format("# Loom's GeLU forward over 64 MiB, bytes read + written per second.\nelementwise_GBps = {:.4g}\n",
+                       c.elementwise_bytes_per_s * 1e-9);
   if (!c.collectives.empty()) {
     out += "# Collectives: op, ranks, bytes (nccl-tests' size), median "
            "microseconds per op.\n";

@@ -48,6 +48,10 @@ struct Calibration {
   std::vector<StreamSample>
       stream; // the largest array size gives the reported bandwidth
   std::vector<CollectiveSample> collectives; // empty: links not measured
+  // Loom's own kernels where they are not GEMMs: attention (forward + backward FLOP/s at each shape,
+  // [B, T, H, D]) and a streaming element-wise kernel (GeLU forward, bytes read + written per second).
+  std::vector<std::pair<std::vector<int64_t>, double>> attention;
+  double elementwise_bytes_per_s = 0;
 };
 
 // The intra-node link that explains the collective samples with collective_cost.h's alpha-beta model

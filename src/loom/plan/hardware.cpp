@@ -92,6 +92,8 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   hw.device.peak_f32 = r.number("device.peak_tflops.f32", false) * T;
   hw.device.memory_bytes = r.number("device.memory_GiB") * double(1ull << 30);
   hw.device.memory_bandwidth = r.number("device.memory_bandwidth_GBps") * G;
+  hw.device.attention_flops = r.number("device.attention_tflops", false) * T;
+  if (hw.device.attention_flops < 0) throw ConfigError(origin + ": 'device.attention_tflops' must not be negative");
   double per_node = r.number("node.devices");
   if (per_node < 1 || per_node != static_cast<int>(per_node))
     throw ConfigError(fmt::format("{}: 'node.devices' = {} must be a positive integer", origin, per_node));
@@ -140,8 +142,10 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   out += section("device");
   out += fmt::format("name = \"{}\"\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", hw.device.name,
                      hw.device.memory_bytes / double(1ull << 30), hw.device.memory_bandwidth / G);
-  out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n\n", hw.device.peak_bf16 / T,
+  out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n", hw.device.peak_bf16 / T,
                      hw.device.peak_fp8 / T, hw.device.peak_f32 / T);
+  if (hw.device.attention_flops > 0) out += fmt::format("attention_tflops = {:.6g}\n", hw.device.attention_flops / T);
+  out += "\n";
   out += section("node") + fmt::format("devices = {}\n\n", hw.devices_per_node);
   out += section("intra_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\ntopology = \"{}\"\n\n",
                                              hw.intra_node.bandwidth / G, hw.intra_node.latency * 1e6,

@@ -36,6 +36,9 @@ struct DeviceSpec {
   double peak_f32 = 0, peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s (dense)
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s
+  // FLOP/s Loom's own attention kernel reaches, forward + backward (measured by `loom calibrate`); 0:
+  // not measured, attention runs as flash attention on the GEMM curve.
+  double attention_flops = 0;
 };
 
 struct Hardware {

@@ -95,7 +95,11 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   // (Megatron 2021-22): the full T x T square in batched GEMMs, plus the scale-mask-softmax and dropout
   // passes over the scores: read 2 + write 2 (softmax), read 2 + write 2 + mask 1 (dropout) bytes.
   if (sw.flash_attention) {
+    const double before = lc.flops;
     lc.attn_core += gemm16({s, S / 2, hd, b * heads}) + gemm16({s, hd, S / 2, b * heads});
+    // A device whose attention kernel was measured (`loom calibrate`: Loom's own, on a CPU) runs it at
+    // that rate when it is below the GEMM curve's.
+    if (hw.device.attention_flops > 0) lc.attn_core = std::max(lc.attn_core, (lc.flops - before) / hw.device.attention_flops);
   } else {
     lc.attn_core += gemm16({s, S, hd, b * heads}) + gemm16({s, hd, S, b * heads});
     lc.attn_core += b * heads * s * S * (sw.dropout ? 9.0 : 4.0) / bw;
