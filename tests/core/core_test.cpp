@@ -164,8 +164,8 @@ TEST(SlotMapping, PartsInOneSlotShareMemoryAndOtherSlotsDoNot) {
   PageReservation r(n);
   auto* b = static_cast<unsigned char*>(r.data());
   b[0] = 7;  // outside any slot: private as before
-  EXPECT_EQ(SlotMapping::inner_pages(page + 1, 3 * page), (std::pair<size_t, size_t>{2 * page, 2 * page}));
-  EXPECT_EQ(SlotMapping::inner_pages(page + 1, page).second, 0u);
+  EXPECT_EQ(PageReservation::whole_pages(page + 1, 3 * page), (std::pair<size_t, size_t>{2 * page, 2 * page}));
+  EXPECT_EQ(PageReservation::whole_pages(page + 1, page).second, 0u);
   SlotMapping slots(r, 2, 4 * page - 100);
   EXPECT_EQ(slots.slot_bytes(), 4 * page) << "whole pages";
   // "Block 1" = pages 4..6 + 10, "block 3" = pages 16..18 + 22 in slot 0; "block 2" = pages 24..28 in slot 1.

@@ -7,12 +7,11 @@ PagePool::PagePool(PageReservation& pages, size_t capacity, PageReservation::Rel
     : pages_(pages), capacity_(capacity / PageReservation::page_size() * PageReservation::page_size()), overflow_(overflow) {}
 
 size_t PagePool::give(size_t offset, size_t bytes) {
-  const size_t page = PageReservation::page_size();
-  const size_t first = (offset + page - 1) / page * page, last = (offset + bytes) / page * page;
-  if (last <= first) return 0;
-  const size_t keep = std::min(last - first, capacity_ - pooled_);
+  const auto [first, length] = PageReservation::whole_pages(offset, bytes);
+  if (length == 0) return 0;
+  const size_t keep = std::min(length, capacity_ - pooled_);
   // The pooled part is the range's start; pages past the capacity go back to the kernel.
-  if (keep < last - first) pages_.release(first + keep, last - first - keep, overflow_);
+  if (keep < length) pages_.release(first + keep, length - keep, overflow_);
   if (keep == 0) return 0;
   runs_.push_back({first, first + keep});
   pooled_ += keep;
@@ -20,9 +19,9 @@ size_t PagePool::give(size_t offset, size_t bytes) {
 }
 
 size_t PagePool::take(size_t offset, size_t bytes) {
-  const size_t page = PageReservation::page_size();
-  const size_t first = (offset + page - 1) / page * page, last = (offset + bytes) / page * page;
-  if (last <= first || runs_.empty()) return 0;
+  const auto [first, length] = PageReservation::whole_pages(offset, bytes);
+  const size_t last = first + length;
+  if (length == 0 || runs_.empty()) return 0;
   const size_t before = pooled_;
   // Pooled pages already inside the range stay where they are (a unit given back and needed again).
   std::vector<Run> gaps{{first, last}}, rest;

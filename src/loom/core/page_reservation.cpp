@@ -17,6 +17,12 @@ size_t PageReservation::page_size() {
   return size;
 }
 
+std::pair<size_t, size_t> PageReservation::whole_pages(size_t offset, size_t bytes) {
+  const size_t page = page_size();
+  const size_t first = (offset + page - 1) / page * page, last = (offset + bytes) / page * page;  // start up, end down
+  return {first, last > first ? last - first : 0};
+}
+
 namespace {
 constexpr int kReserveProt = PROT_READ | PROT_WRITE;
 constexpr int kReserveFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
@@ -56,17 +62,15 @@ size_t PageReservation::release(size_t offset, size_t bytes, Release how) {
   if (offset + bytes > bytes_)
     throw Error("internal: page release [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                 ") outside a reservation of " + std::to_string(bytes_) + " bytes");
-  const size_t page = page_size();
-  const size_t first = (offset + page - 1) / page * page;  // round the start up, the end down
-  const size_t last = (offset + bytes) / page * page;
-  if (last <= first) return 0;
+  const auto [first, length] = whole_pages(offset, bytes);
+  if (length == 0) return 0;
   // MADV_DONTNEED on private anonymous memory frees the pages at once; the next read sees zeros.
   // MADV_FREE leaves them mapped until the kernel needs memory (Linux >= 4.5).
   const int advice = how == Release::Eager ? MADV_DONTNEED : MADV_FREE;
-  if (::madvise(static_cast<char*>(ptr_) + first, last - first, advice) != 0)
+  if (::madvise(static_cast<char*>(ptr_) + first, length, advice) != 0)
     throw Error(std::string("madvise(") + (how == Release::Eager ? "MADV_DONTNEED" : "MADV_FREE") +
                 ") failed: " + std::strerror(errno));
-  return last - first;
+  return length;
 }
 
 size_t PageReservation::move_pages(size_t from, size_t to, size_t bytes) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 
 namespace loom {
 
@@ -39,6 +40,9 @@ class PageReservation {
   // Bytes of the reservation that are backed by memory now (from mincore; for tests and reports).
   size_t resident_bytes() const;
   static size_t page_size();
+  // The whole pages inside [offset, offset + bytes): {first byte, length}; length 0 when there are none.
+  // Pages straddling the ends are never given back, moved or shared (a neighbour may be using them).
+  static std::pair<size_t, size_t> whole_pages(size_t offset, size_t bytes);
 
  private:
   void* ptr_ = nullptr;

@@ -28,12 +28,6 @@ SlotMapping::~SlotMapping() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::pair<size_t, size_t> SlotMapping::inner_pages(size_t offset, size_t bytes) {
-  const size_t page = PageReservation::page_size();
-  const size_t first = (offset + page - 1) / page * page, last = (offset + bytes) / page * page;
-  return last > first ? std::pair{first, last - first} : std::pair{first, size_t{0}};
-}
-
 size_t SlotMapping::map(int slot, const std::vector<std::pair<size_t, size_t>>& ranges) {
   if (slot < 0 || slot >= slots_) throw Error("internal: unit slot " + std::to_string(slot) + " out of range");
   size_t at = 0;

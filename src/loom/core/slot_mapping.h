@@ -23,10 +23,8 @@ class SlotMapping {
   SlotMapping(const SlotMapping&) = delete;
   SlotMapping& operator=(const SlotMapping&) = delete;
 
-  // The whole pages inside [offset, offset + bytes) of the reservation, as a byte range (empty if none).
-  static std::pair<size_t, size_t> inner_pages(size_t offset, size_t bytes);
   // Maps slot k, from its start, over the given byte ranges of the reservation (page-aligned, as
-  // inner_pages returns), one after the other. Returns the bytes mapped; throws if they exceed the slot.
+  // PageReservation::whole_pages returns), one after the other. Returns the bytes mapped; throws if they exceed the slot.
   size_t map(int slot, const std::vector<std::pair<size_t, size_t>>& ranges);
   size_t slot_bytes() const { return slot_bytes_; }
   int slots() const { return slots_; }

@@ -72,12 +72,12 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
     weight_pool_.alias = &lowp_alias_;
     grad_pool_.alias = &grad_alias_;
     if (stage_ == 3 && a_.lowp) {
-      make_pool(weight_pool_, a_.lowp_pages, sizeof(bf16), false, MemCategory::Parameters, true);
-      make_pool(master_pool_, a_.master_pages, sizeof(float), true, MemCategory::Parameters, true);
+      make_pool(weight_pool_, a_.lowp_pages, sizeof(bf16), false, MemCategory::Parameters);
+      make_pool(master_pool_, a_.master_pages, sizeof(float), true, MemCategory::Parameters);
     } else if (stage_ == 3) {
-      make_pool(weight_pool_, a_.master_pages, sizeof(float), false, MemCategory::Parameters, true);
+      make_pool(weight_pool_, a_.master_pages, sizeof(float), false, MemCategory::Parameters);
     }
-    if (stage_ >= 2) make_pool(grad_pool_, a_.grad_pages, sizeof(float), false, MemCategory::Gradients, false);
+    if (stage_ >= 2) make_pool(grad_pool_, a_.grad_pages, sizeof(float), false, MemCategory::Gradients);
   }
   charge(MemCategory::Parameters, own_param_bytes_);
   charge(MemCategory::Gradients, own_grad_bytes_);
@@ -94,7 +94,7 @@ void ZeroEngine::make_alias(Aliased& a, PageReservation* pages, size_t element, 
     const auto [before, after] = others(u);
     size_t bytes = 0;
     for (const ArenaRange& r : {before, after}) {
-      ranges[u].push_back(SlotMapping::inner_pages(static_cast<size_t>(r.begin) * element, static_cast<size_t>(r.size()) * element));
+      ranges[u].push_back(PageReservation::whole_pages(static_cast<size_t>(r.begin) * element, static_cast<size_t>(r.size()) * element));
       bytes += ranges[u].back().second;
     }
     a.aliased_bytes[u] = static_cast<int64_t>(bytes);
@@ -122,18 +122,24 @@ void ZeroEngine::claim_slot(Aliased& a, size_t u, Live&& live, const char* what)
   holder = static_cast<int>(u);
 }
 
-void ZeroEngine::release_masters_outside_f32_pages(const ArenaRange& r) {
+void ZeroEngine::free_slot(Aliased& a, size_t u) {
+  if (!a.has(u)) return;
+  int& holder = a.holder[static_cast<size_t>(a.slot_of[u])];
+  if (holder == static_cast<int>(u)) holder = -1;
+}
+
+void ZeroEngine::release_masters_outside_f32(const ArenaRange& r, bool keep_whole_pages_only) {
   if (r.size() == 0) return;
   size_t at = static_cast<size_t>(r.begin) * sizeof(float);
   auto upto = [&](size_t end) {
     if (end > at) a_.master_pages->release(at, end - at, a_.release);
   };
   for_each_overlap(f32_, r, [&](const ArenaRange& o) {
-    const auto [first, bytes] = SlotMapping::inner_pages(static_cast<size_t>(o.begin) * sizeof(float),
-                                                         static_cast<size_t>(o.size()) * sizeof(float));
-    if (bytes == 0) return;  // no whole page: released with what surrounds it
-    upto(first);
-    at = first + bytes;
+    std::pair<size_t, size_t> kept{static_cast<size_t>(o.begin) * sizeof(float), static_cast<size_t>(o.size()) * sizeof(float)};
+    if (keep_whole_pages_only) kept = PageReservation::whole_pages(kept.first, kept.second);
+    if (kept.second == 0) return;  // no whole page: released with what surrounds it
+    upto(kept.first);
+    at = kept.first + kept.second;
   });
   upto(static_cast<size_t>(r.end) * sizeof(float));
 }
@@ -152,8 +158,9 @@ std::vector<ArenaRange> ZeroEngine::pooled_ranges(const Pooled& p, size_t u) con
   return out;
 }
 
-void ZeroEngine::make_pool(Pooled& p, PageReservation* pages, size_t element, bool f32_only, MemCategory c, bool weights) {
+void ZeroEngine::make_pool(Pooled& p, PageReservation* pages, size_t element, bool f32_only, MemCategory c) {
   p.element = element, p.f32_only = f32_only, p.category = c;
+  const bool weights = c == MemCategory::Parameters;
   // Capacity: what a step holds at its peak anyway, so pooling never raises it. Weights: the embeddings
   // and head units (gathered for the whole pass) and two blocks (the one in use, the next prefetched);
   // gradients: two units' scratch (one reducing, one being written).
@@ -338,7 +345,7 @@ void ZeroEngine::release(size_t u) {
       // non-owned masters goes back (small f32 ranges between them, and on the rank that gathered
       // whole masters for a checkpoint, all the rest).
       give_pages(master_pool_, u);
-      for (const ArenaRange& r : {before, after}) release_masters_outside_f32_pages(r);
+      for (const ArenaRange& r : {before, after}) release_masters_outside_f32(r, true);
     }
   } else {
     for (const ArenaRange& r : {before, after}) {
@@ -351,8 +358,7 @@ void ZeroEngine::release(size_t u) {
   }
   charged_[u] = 0;
   held_[u] = Held::Sharded;
-  if (lowp_alias_.has(u) && lowp_alias_.holder[static_cast<size_t>(lowp_alias_.slot_of[u])] == static_cast<int>(u))
-    lowp_alias_.holder[static_cast<size_t>(lowp_alias_.slot_of[u])] = -1;
+  free_slot(lowp_alias_, u);
 }
 
 void ZeroEngine::release_all() {
@@ -371,19 +377,7 @@ void ZeroEngine::drop_unowned_masters() {
   // The masters of other ranks' pieces that the model reads only as bf16 copies: nobody reads them.
   for (size_t u = 0; u < plan_.units(); ++u) {
     const auto [before, after] = others(u);
-    for (const ArenaRange& r : {before, after}) {
-      int64_t at = r.begin;
-      auto drop = [&](int64_t end) {
-        if (end > at)
-          a_.master_pages->release(static_cast<size_t>(at) * sizeof(float), static_cast<size_t>(end - at) * sizeof(float),
-                                   a_.release);
-      };
-      for_each_overlap(f32_, r, [&](const ArenaRange& o) {
-        drop(o.begin);
-        at = o.end;
-      });
-      drop(r.end);
-    }
+    for (const ArenaRange& r : {before, after}) release_masters_outside_f32(r, false);
   }
 }
 
@@ -457,8 +451,7 @@ void ZeroEngine::finish_unit(size_t u) {
   if (stage_ >= 2 && grad_scratch_[u]) {
     const auto [before, after] = others(u);
     charge(MemCategory::Gradients, -grad_scratch_bytes(u));
-    if (grad_alias_.has(u) && grad_alias_.holder[static_cast<size_t>(grad_alias_.slot_of[u])] == static_cast<int>(u))
-      grad_alias_.holder[static_cast<size_t>(grad_alias_.slot_of[u])] = -1;
+    free_slot(grad_alias_, u);
     if (grad_pool_.pool) {
       give_pages(grad_pool_, u);
     } else {

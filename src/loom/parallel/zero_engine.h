@@ -129,6 +129,7 @@ class ZeroEngine {
   // Marks unit u live in its slot; throws if another unit sharing it is still live (`live(v)`).
   template <class Live>
   void claim_slot(Aliased& a, size_t u, Live&& live, const char* what);
+  void free_slot(Aliased& a, size_t u);  // unit u no longer uses its slot
   struct Pooled {
     const Aliased* alias = nullptr;  // units it aliases are not pooled
     std::unique_ptr<PagePool> pool;
@@ -138,13 +139,14 @@ class ZeroEngine {
   };
   // The element ranges of unit u a pool serves: the non-owned parts, or the f32-read elements in them.
   std::vector<ArenaRange> pooled_ranges(const Pooled& p, size_t u) const;
-  void make_pool(Pooled& p, PageReservation* pages, size_t element, bool f32_only, MemCategory c, bool weights);
+  void make_pool(Pooled& p, PageReservation* pages, size_t element, bool f32_only, MemCategory c);
   void give_pages(Pooled& p, size_t u);
   void take_pages(Pooled& p, size_t u);
   void drain(Pooled& p);
-  // bf16 mode: gives back every page of the non-owned masters in `r` except the whole pages of f32-read
-  // elements (the master pool's).
-  void release_masters_outside_f32_pages(const ArenaRange& r);
+  // Gives back the pages of the masters in `r` (non-owned) outside the f32-read elements: outside their
+  // whole pages when `keep_whole_pages_only` (ZeRO-3 in bf16: those pages are the master pool's), else
+  // outside every page they touch (ZeRO-1/2 keep reading them).
+  void release_masters_outside_f32(const ArenaRange& r, bool keep_whole_pages_only);
   // Waits for w; the time is exposed communication (a span named `what` in the trace).
   void wait(comm::Work& w, const char* what);
 

@@ -41,6 +41,13 @@ GemmCurve fit_gemm_curve(std::span<const RelativeSample> samples) {
   return best;
 }
 
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+} // namespace
+
 Hardware hardware_from_calibration(const Calibration &c) {
   if (c.peak_bf16 <= 0 || c.bf16.empty())
     throw ConfigError("calibration has no bf16 GEMM rate");
@@ -90,11 +97,10 @@ Hardware hardware_from_calibration(const Calibration &c) {
   if (c.elementwise_bytes_per_s > 0)
     hw.efficiency.memory = std::min(1.0, c.elementwise_bytes_per_s / hw.device.memory_bandwidth);
   if (!c.attention.empty()) {
-    std::vector<double> r;
+    std::vector<double> rates;
     for (auto &[shape, rate] : c.attention)
-      r.push_back(rate);
-    std::sort(r.begin(), r.end());
-    hw.device.attention_flops = r[r.size() / 2];
+      rates.push_back(rate);
+    hw.device.attention_flops = median(rates);
   }
   return hw;
 }
@@ -111,10 +117,6 @@ Collective collective_of(const std::string &op) {
                     "' is not all_reduce, all_gather or reduce_scatter");
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 } // namespace
 
 LinkFit fit_link(std::span<const CollectiveSample> samples) {
