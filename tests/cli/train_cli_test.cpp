@@ -105,3 +105,29 @@ TEST(TrainCli, HelpDocumentsEveryConfigKey) {
   for (auto key : {"model.preset", "train.micro_batch_size", "precision", "parallel.zero", "trace.file"})
     EXPECT_NE(r.out.find(key), std::string::npos) << key;
 }
+
+TEST(TrainCli, ImpossibleSizesAndBadFlagsAreOneLineErrorsBeforeAnyWork) {
+  // Overflowed to a small byte count on main and crashed in ParameterStore::initialize.
+  auto r = run("train --set model.d_model=759249034 --set model.n_heads=1 --set model.n_kv_heads=1 "
+               "--set model.vocab_size=1000 --set train.seq_len=1 -q");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("loom: error: model.d_model = 759249034 is out of range"), std::string::npos) << r.err;
+  // Within every range, but more memory than this machine has: refused with the per-category need.
+  r = run("train --set model.d_model=65536 --set model.n_heads=1 --set model.n_kv_heads=1 -q");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("GiB per rank (parameters"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("but the machine has"), std::string::npos) << r.err;
+  // CLI flags that stand for config keys obey the keys' ranges.
+  r = run("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --save-every -1 -q");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("checkpoint.save_every = -1 is out of range"), std::string::npos) << r.err;
+  // Other commands' numeric flags are checked too (was silently 0).
+  r = run("generate --checkpoint nowhere --top-k -3");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--top-k: -3 is out of range"), std::string::npos) << r.err;
+  r = run("generate --checkpoint nowhere --temperature nan");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--temperature: nan is out of range"), std::string::npos) << r.err;
+  // Each line above is one line: no stack of messages.
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;  // CLI11 adds "Run with --help"
+}

@@ -528,9 +528,10 @@ void register_bench(CLI::App& app, Action& action) {
   cmd->add_option("--dtype", a->dtype, "element type: f32, bf16, f64, i32, i64 (default f32)");
   cmd->add_option("-b,--min-bytes", a->min_bytes, "smallest size, e.g. 8, 4K (default 8)");
   cmd->add_option("-e,--max-bytes", a->max_bytes, "largest size, e.g. 64M, 1G (default 64M)");
-  cmd->add_option("-f,--step-factor", a->factor, "size multiplier between rows (default 4)");
-  cmd->add_option("--batch-seconds", a->batch_seconds, "length of one timed batch (default 0.1)");
-  cmd->add_option("--batches", a->batches, "timed batches per row; the median is reported (default 5)");
+  cmd->add_option("-f,--step-factor", a->factor, "size multiplier between rows (default 4)")->check(finite_range(2, 1 << 20));
+  cmd->add_option("--batch-seconds", a->batch_seconds, "length of one timed batch (default 0.1)")->check(finite_range(1e-4, 3600));
+  cmd->add_option("--batches", a->batches, "timed batches per row; the median is reported (default 5)")
+      ->check(finite_range(1, 100000));
   cmd->add_flag("--plain", a->plain, "ordinary buffers instead of registered (shared-arena) ones");
   cmd->add_flag("--inplace", a->inplace, "in-place ops (output buffer is the input)");
   auto vs = std::make_shared<std::string>();

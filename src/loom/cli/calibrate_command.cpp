@@ -291,7 +291,8 @@ void register_calibrate(CLI::App &app, Action &action) {
   auto o = std::make_shared<CalibrateOptions>();
   cmd->add_option("--out", o->out, "hardware TOML to write")->required();
   cmd->add_option("--threads", o->threads,
-                  "compute threads (default: LOOM_THREADS or all cores)");
+                  "compute threads (default: LOOM_THREADS or all cores)")
+      ->check(finite_range(0, 4096));
   cmd->add_flag("--quick", o->quick,
                 "small sizes only (seconds; for tests, not for planning)");
   cmd->add_flag("!--no-comm", o->comm,

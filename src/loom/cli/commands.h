@@ -3,7 +3,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <functional>
+#include <sstream>
 #include <string>
 
 namespace loom::cli {
@@ -21,6 +23,31 @@ void register_calibrate(CLI::App& app, Action& action);
 void register_run(CLI::App& app, Action& action);         // the launcher
 void register_bench(CLI::App& app, Action& action);       // bench comm
 void register_verify(CLI::App& app, Action& action);      // layout invariance
+
+// A numeric flag's accepted values: finite (CLI::Range lets nan and inf through) and in [lo, hi].
+inline CLI::Validator finite_range(double lo, double hi) {
+  auto show = [](double v) {
+    std::ostringstream s;
+    s.precision(15);
+    s << v;
+    return s.str();
+  };
+  const std::string range = "[" + show(lo) + ", " + show(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a number";
+        }
+        if (used != text.size()) return "'" + text + "' is not a number";
+        if (!std::isfinite(v) || v < lo || v > hi) return text + " is out of range: it must be a finite number in " + range;
+        return "";
+      },
+      "in " + range);
+}
 
 // Threads per rank: LOOM_THREADS, else `configured` if > 0, else the node's cores divided among the
 // `ranks_on_node` ranks of the job.

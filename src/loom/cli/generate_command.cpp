@@ -120,9 +120,15 @@ void register_generate(CLI::App& app, Action& action) {
       ->required();
   cmd->add_option("--prompt", o->prompt, "text to continue (needs a checkpoint trained on prepared shards)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "the prompt as space-separated token ids");
-  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate (stops early at end of text)")->capture_default_str();
-  cmd->add_option("--temperature", o->sampling.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate (stops early at end of text)")
+      ->capture_default_str()
+      ->check(finite_range(1, 1 << 24));
+  cmd->add_option("--temperature", o->sampling.temperature, "softmax temperature; 0 = greedy")
+      ->capture_default_str()
+      ->check(finite_range(0, 1e4));
+  cmd->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens; 0 = all")
+      ->capture_default_str()
+      ->check(finite_range(0, 2147483647));
   cmd->add_option("--seed", o->sampling.seed, "sampling seed (same seed, same text)")->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "print only the text");
   cmd->callback([&action, o] { action = [o] { return run_generate(*o); }; });

@@ -13,7 +13,7 @@ void register_info(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("info", "Show the CPU, the kernels Loom will use and the measured peak FLOP/s");
   auto threads = std::make_shared<int>(0);
   auto remeasure = std::make_shared<bool>(false);
-  cmd->add_option("--threads", *threads, "compute threads (default: LOOM_THREADS or all cores)");
+  cmd->add_option("--threads", *threads, "compute threads (default: LOOM_THREADS or all cores)")->check(finite_range(0, 4096));
   cmd->add_flag("--remeasure", *remeasure, "measure the peak again instead of using the cached value (run on an idle machine)");
   cmd->callback([&action, threads, remeasure] {
     action = [threads, remeasure] {

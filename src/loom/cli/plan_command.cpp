@@ -206,11 +206,11 @@ void register_plan(CLI::App& app, Action& action) {
   auto o = std::make_shared<PlanOptions>();
   cmd->add_option("--model", o->model, "model: a Loom preset or a zoo name (gpt3-175b, llama3-70b, mixtral-8x7b, ...)");
   cmd->add_option("--cluster", o->cluster, "NAME[:DEVICES] from configs/hardware (a100, h100, trn1, trn2) or FILE.toml[:DEVICES]");
-  cmd->add_option("--seq", o->seq, "sequence length");
-  cmd->add_option("--global-batch", o->global_batch, "sequences per step");
+  cmd->add_option("--seq", o->seq, "sequence length")->check(finite_range(1, 1 << 24));
+  cmd->add_option("--global-batch", o->global_batch, "sequences per step")->check(finite_range(1, 1 << 24));
   cmd->add_option("--precision", o->precision, "GEMM precision: bf16 | fp8")->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--fix", o->fix, "pin a layout knob: dp= tp= pp= cp= ep= v= mb= zero= sp= recompute= schedule=");
-  cmd->add_option("--top", o->top, "how many layouts to list");
+  cmd->add_option("--top", o->top, "how many layouts to list")->check(finite_range(1, 100000));
   cmd->add_flag("--explain", o->explain, "walk through the best layout's numbers");
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--sensitivity", o->sensitivity, "step time of the best layout with each hardware figure x2 and x0.5");
@@ -221,7 +221,7 @@ void register_plan(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"megatron", "loom"}));
   cmd->add_option("--moe-imbalance", o->moe_imbalance,
                   "MoE: the busiest expert-parallel rank's routed tokens over the mean (default 1: uniform routing)")
-      ->check(CLI::Range(1.0, 64.0));
+      ->check(finite_range(1.0, 64.0));
   cmd->add_flag("--tp-overlap", o->tp_overlap,
                 "TP/SP collectives run under the GEMMs in chunks (Megatron-Core --tp-comm-overlap; needs sequence "
                 "parallelism); default: exposed");

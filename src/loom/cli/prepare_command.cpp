@@ -170,14 +170,15 @@ void register_prepare(CLI::App& app, Action& action) {
       ->excludes(vocab);
   cmd->add_option("--val-fraction", o->prep.val_fraction, "share of documents held out for validation, in [0, 1)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.999999));
+      ->check(finite_range(0.0, 0.999999));
   cmd->add_option("--seed", o->prep.seed, "seed of the train/validation split")->capture_default_str();
   cmd->add_option("--shard-tokens", o->prep.shard_tokens,
                   "tokens per shard (a shard ends after the document reaching it)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o->prep.threads, "threads for tokenizer training (0: all cores; LOOM_THREADS overrides)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_range(0, 4096));
   cmd->add_flag("-q,--quiet", o->quiet, "no progress output");
   cmd->add_flag("--json", o->json, "print a one-line JSON summary on stdout at the end");
   cmd->footer(

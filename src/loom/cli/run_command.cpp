@@ -331,14 +331,16 @@ void register_run(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("run", "Launch a multi-rank job: loom run -n N -- loom train ...");
   auto args = std::make_shared<RunArgs>();
   cmd->add_option("-n,--nproc-per-node", args->nproc, "ranks on this node")->required();
-  cmd->add_option("--nnodes", args->nnodes, "nodes in the job (start one `loom run` per node)");
+  cmd->add_option("--nnodes", args->nnodes, "nodes in the job (start one `loom run` per node)")->check(finite_range(1, 65536));
   cmd->add_option("--node-rank", args->node_rank, "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)");
   auto* addr = cmd->add_option("--master-addr", args->master_addr, "address of node 0, where the rendezvous store listens");
   cmd->add_option("--master-port", args->master_port, "rendezvous port (default: a free port on one node)");
   cmd->add_option("--kill-grace", args->kill_grace_s,
-                  "seconds the other ranks get to exit after one fails, before SIGKILL (default 3)");
+                  "seconds the other ranks get to exit after one fails, before SIGKILL (default 3)")
+      ->check(finite_range(0, 3600));
   cmd->add_option("--stop-timeout", args->stop_timeout_s,
-                  "seconds ranks get to finish (e.g. save a checkpoint) after Ctrl-C, before SIGKILL (default 60)");
+                  "seconds ranks get to finish (e.g. save a checkpoint) after Ctrl-C, before SIGKILL (default 60)")
+      ->check(finite_range(0, 86400));
   cmd->add_option("command", args->command, "the command each rank runs (after --); `loom` means this binary")
       ->required();
   cmd->positionals_at_end();

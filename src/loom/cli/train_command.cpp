@@ -16,6 +16,7 @@
 #include "loom/comm/world.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/trace_merge.h"
+#include "loom/plan/engine_memory.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/preemption.h"
 #include "loom/train/run_log.h"
@@ -53,13 +54,35 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// Refuses a run whose ranks on this node would need more memory than the machine has, before anything
+// is allocated: the planner's model of the engine's own buffers (exact to the byte, tested against
+// measured runs) for the layout asked.
+void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
+  plan::Layout l;
+  l.dp = static_cast<int>(cfg.parallel.dp);
+  l.zero = static_cast<int>(cfg.parallel.zero);
+  l.micro_batch = static_cast<int>(cfg.micro_batch());
+  const auto need = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16);
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (have > 0 && need.total() * ranks_on_node > have)
+    throw ConfigError(fmt::format(
+        "this run needs {:.1f} GiB per rank (parameters {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}) "
+        "x {} rank(s) on this node, but the machine has {:.1f} GiB: lower the model's size, train.micro_batch_size or "
+        "train.seq_len, or shard the state (parallel.zero = 3 over more ranks)",
+        need.total() / gib, need.parameters / gib, need.gradients / gib, need.optimizer / gib, need.activations / gib,
+        ranks_on_node, have / gib));
+}
+
 int run_train(const TrainOptions& o) {
-  train::RunConfig cfg = o.config.empty() ? train::parse_run_config("", "<defaults>", o.sets)
-                                          : train::load_run_config(o.config, o.sets);
+  // Numeric flags are overrides of their config keys, so the registry's ranges apply to them too.
+  std::vector<std::string> sets = o.sets;
+  if (o.save_every) sets.push_back(fmt::format("checkpoint.save_every={}", *o.save_every));
+  if (o.keep) sets.push_back(fmt::format("checkpoint.keep={}", *o.keep));
+  train::RunConfig cfg = o.config.empty() ? train::parse_run_config("", "<defaults>", sets)
+                                          : train::load_run_config(o.config, sets);
   if (!o.trace.empty()) cfg.trace.file = o.trace;
-  if (o.save_every) cfg.checkpoint.save_every = *o.save_every;  // validate() below refuses negatives
   if (!o.save_dir.empty()) cfg.checkpoint.dir = o.save_dir;
-  if (o.keep) cfg.checkpoint.keep = *o.keep;
   cfg.validate();
   // A multi-rank job (loom run, mpirun, srun): join it and lay the ranks out on the mesh. Rank 0 speaks,
   // logs and saves; the replicas it stands for hold the same state.
@@ -67,6 +90,7 @@ int run_train(const TrainOptions& o) {
   const parallel::MeshShape shape{static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.dp),
                                   static_cast<int>(cfg.parallel.cp), static_cast<int>(cfg.parallel.tp)};
   parallel::validate_mesh(shape, job.world_size);  // before any work: the layout must fit the job
+  check_fits_in_memory(cfg, job.local_world_size);
   Allocator alloc;
   std::unique_ptr<comm::World> world;
   std::unique_ptr<parallel::Mesh> mesh;
@@ -274,7 +298,7 @@ void register_train(CLI::App& app, Action& action) {
   cmd->add_option("--check-replicas", o->check_replicas,
                   "every N steps, check that data-parallel replicas hold bitwise-identical weights and optimizer "
                   "state, naming the first rank that drifted (0: never)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_range(0, 1099511627776.0));
   cmd->add_flag("--resume", o->resume, "continue the run in checkpoint.dir from its latest checkpoint");
   cmd->add_option("--resume-from", o->resume_from, "continue from this checkpoint (a step-N folder or checkpoint dir)");
   cmd->footer("Config keys (TOML tables; --set uses the dotted names):\n" + train::config_reference());

@@ -10,7 +10,9 @@ namespace loom::spec {
 
 int64_t ParamSpec::numel() const {
   int64_t n = 1;
-  for (auto d : shape) n *= d;
+  for (auto d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      throw ConfigError("parameter '" + name + "' has a shape whose size does not fit in 64 bits");
   return n;
 }
 
@@ -45,11 +47,14 @@ std::vector<int64_t> ParamTable::block_starts(int64_t n_layers) const {
 }
 
 void ParamTable::add(ParamSpec p) {
-  if (index_of(p.name)) throw ConfigError("parameter '" + p.name + "' defined twice");
+  // A hash index keeps building the table linear in the number of tensors.
+  if (!index_.emplace(p.name, params_.size()).second) throw ConfigError("parameter '" + p.name + "' defined twice");
   // Keep every tensor 64-byte aligned in an f32 arena so vector kernels can assume it.
+  const int64_t numel = p.numel();
   total_ = (total_ + 15) / 16 * 16;
   p.offset = total_;
-  total_ += p.numel();
+  if (__builtin_add_overflow(total_, numel, &total_))
+    throw ConfigError("the parameter table's size overflows 64 bits at '" + p.name + "'");
   params_.push_back(std::move(p));
 }
 
@@ -63,9 +68,9 @@ int64_t ParamTable::non_embedding_numel() const {
 }
 
 std::optional<size_t> ParamTable::index_of(const std::string& name) const {
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].name == name) return i;
-  return std::nullopt;
+  auto it = index_.find(name);
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
 }
 
 const ParamSpec& ParamTable::at(const std::string& name) const {

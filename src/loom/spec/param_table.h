@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "loom/spec/placement.h"
@@ -57,6 +58,7 @@ class ParamTable {
 
  private:
   std::vector<ParamSpec> params_;
+  std::unordered_map<std::string, size_t> index_;  // name -> position in params_
   int64_t total_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "loom/spec/transformer_config.h"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "loom/error.h"
@@ -34,8 +35,32 @@ void TransformerConfig::validate() const {
   need(arch != Arch::Llama || head_dim() % 2 == 0,
        "rotary embeddings need an even head dimension (d_model / n_heads = " + s(head_dim()) + ")");
   need(d_ff > 0, "model.d_ff must be positive (got " + s(d_ff) + ")");
-  need(norm_eps > 0, "model.norm_eps must be positive");
-  need(init_std > 0, "model.init_std must be positive");
+  need(std::isfinite(norm_eps) && norm_eps > 0, "model.norm_eps must be positive and finite");
+  need(std::isfinite(init_std) && init_std > 0, "model.init_std must be positive and finite");
+  need(std::isfinite(rope_theta) && rope_theta > 0, "model.rope_theta must be positive and finite");
+  // Linear in the model's size and before any table is built: the count bounds every arena offset.
+  checked_parameter_count(*this).at_most(kMaxParameters, "the model's parameter count",
+                                         "lower model.n_layers, model.d_model, model.d_ff or model.vocab_size");
+}
+
+CheckedSize checked_parameter_count(const TransformerConfig& c) {
+  using K = CheckedSize;
+  const K V(c.vocab_size, "model.vocab_size"), T(c.max_seq, "model.max_seq"), C(c.d_model, "model.d_model"),
+      L(c.n_layers, "model.n_layers"), F(c.d_ff, "model.d_ff"), H(c.n_heads, "model.n_heads"),
+      KV(c.n_kv_heads, "model.n_kv_heads");
+  const K D = K(c.head_dim(), "head_dim");
+  const K one = K::constant(1), two = K::constant(2), three = K::constant(3);
+  const K head = c.tie_embeddings ? K::constant(0) : V * C;
+  if (c.arch == Arch::GPT2) {
+    // wte, wpe; per block: ln_1 (2C), c_attn (3C x C + 3C), c_proj (C x C + C), ln_2 (2C), c_fc (F x C + F),
+    // mlp c_proj (C x F + C); ln_f (2C); the untied head.
+    const K block = two * C + three * C * C + three * C + C * C + C + two * C + F * C + F + C * F + C;
+    return V * C + T * C + L * block + two * C + head;
+  }
+  // embed_tokens; per block: two RMSNorm gains, q (H*D x C), k and v (KV*D x C each), o (C x H*D),
+  // gate and up (F x C each), down (C x F); the final norm; the untied head.
+  const K block = two * C + H * D * C + two * KV * D * C + C * H * D + two * F * C + C * F;
+  return V * C + L * block + one * C + head;
 }
 
 TransformerConfig preset(std::string_view name) {

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/spec/checked_size.h"
+
 namespace loom::spec {
 
 // GPT-2: LayerNorm, GELU(tanh) MLP, learned positions, biases, tied embeddings.
@@ -35,6 +37,14 @@ struct TransformerConfig {
   // Throws ConfigError naming the first inconsistent field and what would be valid.
   void validate() const;
 };
+
+// The largest model Loom accepts: arena offsets and byte counts of every per-parameter buffer (f32
+// masters, gradients, two moments) stay far inside 64 bits, and no real run comes near (2^42 = 4.4 T).
+inline constexpr int64_t kMaxParameters = int64_t{1} << 42;
+
+// The model's parameter count (the parameter table's tensors, without alignment padding), computed
+// with checked arithmetic from the config alone, so it is safe on any input and linear in nothing.
+CheckedSize checked_parameter_count(const TransformerConfig& cfg);
 
 // Presets: tiny (tests), tiny-llama, mini (the default job), gpt2-124m, llama-mini.
 TransformerConfig preset(std::string_view name);

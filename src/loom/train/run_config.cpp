@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <toml++/toml.h>
 
 #include "loom/error.h"
+#include "loom/spec/checked_size.h"
 
 namespace loom::train {
 
@@ -58,20 +61,65 @@ std::string num(T v) {
   return s;
 }
 
+// The values a numeric key accepts. Every number is also finite (TOML's inf and nan are refused).
+struct Range {
+  double lo, hi;
+  bool lo_open = false, hi_open = false;  // (lo, ...] / [..., hi)
+  std::string str(bool integer) const {
+    auto n = [&](double v) {
+      if (!integer) return fmt::format("{}", v);
+      if (v >= 9.2e18) return std::string("2^63-1");
+      const auto i = static_cast<int64_t>(v);
+      if (i >= (1 << 20) && (i & (i - 1)) == 0) return fmt::format("2^{}", __builtin_ctzll(static_cast<uint64_t>(i)));
+      return fmt::format("{}", i);
+    };
+    return fmt::format("{}{}, {}{}", lo_open ? "(" : "[", n(lo), n(hi), hi_open ? ")" : "]");
+  }
+  bool contains(double v) const {
+    return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+};
+
+// Bounds chosen so that no size computed from them overflows before the cross-key checks run, and
+// wide enough for any real run (the largest published runs use ~126 layers, widths of 2^14-2^15,
+// vocabularies of ~2^18 and contexts of 2^17-2^20).
+constexpr double kMaxCount = 1099511627776.0;  // 2^40: steps, intervals
+constexpr double kMaxWidth = 16777216.0;       // 2^24: widths, sequence lengths, batch sizes
+
 struct Field {
   std::string key;
   std::string type;
   std::string doc;
   std::function<void(RunConfig&, const toml::node&)> set;
   std::function<std::string(const RunConfig&)> get;  // a TOML literal
+  std::optional<Range> range;                         // numeric keys
 };
 
-#define LOOM_INT(KEY, MEMBER, DOC) \
-  Field{KEY, "integer", DOC, [](RunConfig& c, const toml::node& n) { c.MEMBER = as_int(n, KEY); }, \
-        [](const RunConfig& c) { return std::to_string(c.MEMBER); }}
-#define LOOM_DOUBLE(KEY, MEMBER, DOC) \
-  Field{KEY, "number", DOC, [](RunConfig& c, const toml::node& n) { c.MEMBER = as_double(n, KEY); }, \
-        [](const RunConfig& c) { return num(c.MEMBER); }}
+int64_t ranged_int(const toml::node& n, const std::string& key, const Range& r) {
+  const int64_t v = as_int(n, key);
+  if (!r.contains(static_cast<double>(v)))
+    throw ConfigError(fmt::format("{} = {} is out of range: it must be in {}", key, v, r.str(true)));
+  return v;
+}
+double ranged_double(const toml::node& n, const std::string& key, const Range& r) {
+  const double v = as_double(n, key);
+  if (!r.contains(v)) throw ConfigError(fmt::format("{} = {} is out of range: it must be a finite number in {}", key, v, r.str(false)));
+  return v;
+}
+
+#define LOOM_INT(KEY, MEMBER, LO, HI, DOC)                                                                        \
+  Field{KEY, "integer", DOC,                                                                                      \
+        [](RunConfig& c, const toml::node& n) {                                                                   \
+          c.MEMBER = static_cast<decltype(c.MEMBER)>(ranged_int(n, KEY, Range{LO, HI}));                          \
+        },                                                                                                        \
+        [](const RunConfig& c) { return std::to_string(c.MEMBER); }, Range{LO, HI}}
+// RANGE: a braced Range, e.g. (Range{0, 1, false, true}) for [0, 1).
+#define LOOM_DOUBLE(KEY, MEMBER, RANGE, DOC)                                                                      \
+  Field{KEY, "number", DOC,                                                                                       \
+        [](RunConfig& c, const toml::node& n) {                                                                   \
+          c.MEMBER = static_cast<decltype(c.MEMBER)>(ranged_double(n, KEY, Range RANGE));                         \
+        },                                                                                                        \
+        [](const RunConfig& c) { return num(c.MEMBER); }, Range RANGE}
 #define LOOM_BOOL(KEY, MEMBER, DOC) \
   Field{KEY, "bool", DOC, [](RunConfig& c, const toml::node& n) { c.MEMBER = as_bool(n, KEY); }, \
         [](const RunConfig& c) { return std::string(c.MEMBER ? "true" : "false"); }}
@@ -86,62 +134,55 @@ const std::vector<Field>& fields() {
       Field{"model.arch", "string", "architecture family: \"gpt2\" or \"llama\" (overrides the preset's)",
             [](RunConfig& c, const toml::node& n) { c.model.resolved.arch = spec::parse_arch(as_string(n, "model.arch")); },
             [](const RunConfig& c) { return quote(std::string(spec::arch_name(c.model.resolved.arch))); }},
-      LOOM_INT("model.vocab_size", model.resolved.vocab_size, "vocabulary size V"),
-      LOOM_INT("model.max_seq", model.resolved.max_seq, "context length the model is built for"),
-      LOOM_INT("model.d_model", model.resolved.d_model, "residual width C"),
-      LOOM_INT("model.n_layers", model.resolved.n_layers, "number of transformer blocks L"),
-      LOOM_INT("model.n_heads", model.resolved.n_heads, "attention heads H (must divide d_model)"),
-      LOOM_INT("model.n_kv_heads", model.resolved.n_kv_heads, "key/value heads (GQA, llama only; must divide n_heads)"),
-      LOOM_INT("model.d_ff", model.resolved.d_ff, "MLP hidden width (SwiGLU: width of gate and of up)"),
-      Field{"model.norm_eps", "number", "epsilon of LayerNorm / RMSNorm",
-            [](RunConfig& c, const toml::node& n) { c.model.resolved.norm_eps = static_cast<float>(as_double(n, "model.norm_eps")); },
-            [](const RunConfig& c) { return num(c.model.resolved.norm_eps); }},
-      Field{"model.rope_theta", "number", "rotary embedding base (llama)",
-            [](RunConfig& c, const toml::node& n) { c.model.resolved.rope_theta = static_cast<float>(as_double(n, "model.rope_theta")); },
-            [](const RunConfig& c) { return num(c.model.resolved.rope_theta); }},
+      // Token ids are 32-bit.
+      LOOM_INT("model.vocab_size", model.resolved.vocab_size, 1, 2147483647.0, "vocabulary size V"),
+      LOOM_INT("model.max_seq", model.resolved.max_seq, 1, kMaxWidth, "context length the model is built for"),
+      LOOM_INT("model.d_model", model.resolved.d_model, 1, kMaxWidth, "residual width C"),
+      LOOM_INT("model.n_layers", model.resolved.n_layers, 1, 65536, "number of transformer blocks L"),
+      LOOM_INT("model.n_heads", model.resolved.n_heads, 1, 65536, "attention heads H (must divide d_model)"),
+      LOOM_INT("model.n_kv_heads", model.resolved.n_kv_heads, 1, 65536, "key/value heads (GQA, llama only; must divide n_heads)"),
+      LOOM_INT("model.d_ff", model.resolved.d_ff, 1, kMaxWidth, "MLP hidden width (SwiGLU: width of gate and of up)"),
+      LOOM_DOUBLE("model.norm_eps", model.resolved.norm_eps, ({0, 1, true}), "epsilon of LayerNorm / RMSNorm"),
+      LOOM_DOUBLE("model.rope_theta", model.resolved.rope_theta, ({0, 1e12, true}), "rotary embedding base (llama)"),
       LOOM_BOOL("model.tie_embeddings", model.resolved.tie_embeddings, "LM head shares the token embedding"),
-      Field{"model.init_std", "number", "standard deviation of the normal initialisation",
-            [](RunConfig& c, const toml::node& n) { c.model.resolved.init_std = static_cast<float>(as_double(n, "model.init_std")); },
-            [](const RunConfig& c) { return num(c.model.resolved.init_std); }},
+      LOOM_DOUBLE("model.init_std", model.resolved.init_std, ({0, 10, true}), "standard deviation of the normal initialisation"),
       Field{"precision", "string", "\"fp32\" or \"bf16\" (bf16 GEMMs, f32 accumulation and master weights)",
             [](RunConfig& c, const toml::node& n) { c.precision = model::parse_precision(as_string(n, "precision")); },
             [](const RunConfig& c) { return quote(model::precision_name(c.precision)); }},
-      Field{"train.seed", "integer", "seed of initialisation and data order",
-            [](RunConfig& c, const toml::node& n) { c.train.seed = static_cast<uint64_t>(as_int(n, "train.seed")); },
-            [](const RunConfig& c) { return std::to_string(c.train.seed); }},
-      LOOM_INT("train.steps", train.steps, "optimizer steps to run"),
-      LOOM_INT("train.batch_size", train.batch_size, "global batch in sequences per step"),
-      LOOM_INT("train.micro_batch_size", train.micro_batch_size, "sequences per forward/backward (0: batch_size / parallel.dp); must divide each rank's share of batch_size"),
-      LOOM_INT("train.seq_len", train.seq_len, "tokens per sequence (0: model.max_seq)"),
-      LOOM_DOUBLE("train.lr", train.lr, "peak learning rate"),
-      LOOM_DOUBLE("train.min_lr", train.min_lr, "learning rate at the end of the cosine decay"),
-      LOOM_INT("train.warmup_steps", train.warmup_steps, "linear warm-up steps"),
-      LOOM_DOUBLE("train.beta1", train.beta1, "AdamW beta1"),
-      LOOM_DOUBLE("train.beta2", train.beta2, "AdamW beta2"),
-      LOOM_DOUBLE("train.eps", train.eps, "AdamW epsilon"),
-      LOOM_DOUBLE("train.weight_decay", train.weight_decay, "decoupled weight decay (matrices only)"),
-      LOOM_DOUBLE("train.grad_clip", train.grad_clip, "max global gradient norm (0: no clipping)"),
-      LOOM_INT("train.eval_every", train.eval_every, "steps between validation losses (0: never)"),
-      LOOM_INT("train.eval_batches", train.eval_batches, "batches (of train.batch_size samples) per validation; the same samples under every layout"),
-      LOOM_INT("train.log_every", train.log_every, "steps between progress lines"),
-      Field{"train.threads", "integer", "compute threads (0: all cores; LOOM_THREADS overrides)",
-            [](RunConfig& c, const toml::node& n) { c.train.threads = static_cast<int>(as_int(n, "train.threads")); },
-            [](const RunConfig& c) { return std::to_string(c.train.threads); }},
+      LOOM_INT("train.seed", train.seed, 0, 9.2233720368547748e18, "seed of initialisation and data order"),
+      LOOM_INT("train.steps", train.steps, 1, kMaxCount, "optimizer steps to run"),
+      LOOM_INT("train.batch_size", train.batch_size, 1, kMaxWidth, "global batch in sequences per step"),
+      LOOM_INT("train.micro_batch_size", train.micro_batch_size, 0, kMaxWidth,
+               "sequences per forward/backward (0: batch_size / parallel.dp); must divide each rank's share of batch_size"),
+      LOOM_INT("train.seq_len", train.seq_len, 0, kMaxWidth, "tokens per sequence (0: model.max_seq)"),
+      LOOM_DOUBLE("train.lr", train.lr, ({0, 100, true}), "peak learning rate"),
+      LOOM_DOUBLE("train.min_lr", train.min_lr, ({0, 100}), "learning rate at the end of the cosine decay"),
+      LOOM_INT("train.warmup_steps", train.warmup_steps, 0, kMaxCount, "linear warm-up steps"),
+      LOOM_DOUBLE("train.beta1", train.beta1, ({0, 1, false, true}), "AdamW beta1"),
+      LOOM_DOUBLE("train.beta2", train.beta2, ({0, 1, false, true}), "AdamW beta2"),
+      LOOM_DOUBLE("train.eps", train.eps, ({0, 1, true}), "AdamW epsilon"),
+      LOOM_DOUBLE("train.weight_decay", train.weight_decay, ({0, 100}), "decoupled weight decay (matrices only)"),
+      LOOM_DOUBLE("train.grad_clip", train.grad_clip, ({0, 1e12}), "max global gradient norm (0: no clipping)"),
+      LOOM_INT("train.eval_every", train.eval_every, 0, kMaxCount, "steps between validation losses (0: never)"),
+      LOOM_INT("train.eval_batches", train.eval_batches, 1, 1048576,
+               "batches (of train.batch_size samples) per validation; the same samples under every layout"),
+      LOOM_INT("train.log_every", train.log_every, 1, kMaxCount, "steps between progress lines"),
+      LOOM_INT("train.threads", train.threads, 0, 4096, "compute threads (0: all cores; LOOM_THREADS overrides)"),
       LOOM_STRING("train.out_dir", train.out_dir, "directory for metrics.jsonl and manifest.json"),
       LOOM_STRING("data.source", data.source, "\"synthetic\" (a learnable token stream) or \"shards\" (a corpus from `loom prepare`)"),
       LOOM_STRING("data.dir", data.dir, "shard folder written by `loom prepare --out` (data.source = \"shards\")"),
       LOOM_STRING("checkpoint.dir", checkpoint.dir, "directory of this run's checkpoints (step-NNNNNNNN/ and `latest`)"),
-      LOOM_INT("checkpoint.save_every", checkpoint.save_every, "steps between checkpoints (0: only on SIGTERM)"),
-      LOOM_INT("checkpoint.keep", checkpoint.keep, "keep the newest K checkpoints of this run (0: all)"),
+      LOOM_INT("checkpoint.save_every", checkpoint.save_every, 0, kMaxCount, "steps between checkpoints (0: only on SIGTERM)"),
+      LOOM_INT("checkpoint.keep", checkpoint.keep, 0, 1048576, "keep the newest K checkpoints of this run (0: all)"),
       LOOM_STRING("trace.file", trace.file, "write a Chrome/Perfetto trace JSON here (empty: no trace)"),
       LOOM_BOOL("trace.summary", trace.summary, "print time per kernel at the end of the run"),
-      LOOM_INT("parallel.dp", parallel.dp, "data-parallel degree"),
-      LOOM_INT("parallel.tp", parallel.tp, "tensor-parallel degree"),
-      LOOM_INT("parallel.pp", parallel.pp, "pipeline-parallel degree"),
-      LOOM_INT("parallel.cp", parallel.cp, "context-parallel degree"),
-      LOOM_INT("parallel.ep", parallel.ep, "expert-parallel degree"),
-      LOOM_INT("parallel.zero", parallel.zero, "ZeRO stage 0-3"),
-      LOOM_INT("parallel.bucket_kb", parallel.bucket_kb,
+      LOOM_INT("parallel.dp", parallel.dp, 1, 65536, "data-parallel degree"),
+      LOOM_INT("parallel.tp", parallel.tp, 1, 65536, "tensor-parallel degree"),
+      LOOM_INT("parallel.pp", parallel.pp, 1, 65536, "pipeline-parallel degree"),
+      LOOM_INT("parallel.cp", parallel.cp, 1, 65536, "context-parallel degree"),
+      LOOM_INT("parallel.ep", parallel.ep, 1, 65536, "expert-parallel degree"),
+      LOOM_INT("parallel.zero", parallel.zero, 0, 3, "ZeRO stage 0-3"),
+      LOOM_INT("parallel.bucket_kb", parallel.bucket_kb, 0, kMaxWidth,
                "KiB of gradients per data-parallel all-reduce, issued during backward (0: one after backward)"),
       LOOM_STRING("parallel.zero_release", parallel.zero_release,
                   "how ZeRO-2/3 give back the pages of gathered weights and gradient scratch: \"lazy\" (the kernel "
@@ -298,6 +339,23 @@ void RunConfig::validate() const {
        "train.batch_size = " + s(train.batch_size) + " must be divisible by parallel.dp x train.micro_batch_size = " +
            s(p.dp) + " x " + s(micro_batch()) + " (each data-parallel rank runs whole micro-batches of its share)");
 
+  // Sizes the run derives from these keys, checked before anything is allocated: the largest buffer
+  // of a micro-batch (the logits, or the widest activation), and the token offsets the data order
+  // reaches (sample index x sequence length, training and validation).
+  using spec::CheckedSize;
+  const auto& m = model.resolved;
+  const CheckedSize micro(micro_batch(), "train.micro_batch_size"), T(seq_len(), "train.seq_len"),
+      steps(train.steps, "train.steps"), batch(train.batch_size, "train.batch_size"),
+      evals(train.eval_batches, "train.eval_batches"), four = CheckedSize::constant(4);
+  const int64_t kMaxBuffer = int64_t{1} << 46;  // 64 TiB: beyond any machine, far inside 64 bits
+  const std::string fix = "lower train.micro_batch_size or train.seq_len";
+  (micro * T * CheckedSize(m.vocab_size, "model.vocab_size") * four).at_most(kMaxBuffer, "bytes of one micro-batch's logits", fix);
+  (micro * T * CheckedSize(std::max(m.d_ff, m.d_model), m.d_ff >= m.d_model ? "model.d_ff" : "model.d_model") *
+   CheckedSize::constant(8))
+      .at_most(kMaxBuffer, "bytes of one micro-batch's widest activation", fix);
+  (steps * batch * T).at_most(int64_t{1} << 62, "tokens the run reads", "lower train.steps or train.batch_size");
+  (evals * batch * T).at_most(int64_t{1} << 62, "tokens one validation reads", "lower train.eval_batches");
+
 }
 
 std::string RunConfig::to_toml() const {
@@ -319,12 +377,23 @@ std::string RunConfig::to_toml() const {
   return top + tables;
 }
 
+std::vector<ConfigKeyInfo> config_keys() {
+  std::vector<ConfigKeyInfo> out;
+  for (const auto& f : fields()) {
+    ConfigKeyInfo k{f.key, f.type};
+    if (f.range) k.numeric = true, k.lo = f.range->lo, k.hi = f.range->hi, k.lo_open = f.range->lo_open, k.hi_open = f.range->hi_open;
+    out.push_back(k);
+  }
+  return out;
+}
+
 std::string config_reference() {
   RunConfig defaults;
   defaults.model.resolved = spec::preset(defaults.model.preset);
   std::string out;
   for (auto& f : fields())
-    out += fmt::format("  {:<26} {:<8} {}  (default {})\n", f.key, f.type, f.doc, f.get(defaults));
+    out += fmt::format("  {:<26} {:<8} {}{}  (default {})\n", f.key, f.type, f.doc,
+                       f.range ? " " + f.range->str(f.type == "integer") : "", f.get(defaults));
   return out;
 }
 

@@ -88,7 +88,16 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& orig
                            const std::vector<std::string>& overrides = {});
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-// Every key with its type, default and one line of documentation, for --help.
+// Every key with its type, range, default and one line of documentation, for --help.
 std::string config_reference();
+
+// The registry as data (for tests and tools): each key, its type, and for numbers the accepted range.
+struct ConfigKeyInfo {
+  std::string key, type;
+  bool numeric = false;
+  double lo = 0, hi = 0;
+  bool lo_open = false, hi_open = false;
+};
+std::vector<ConfigKeyInfo> config_keys();
 
 }  // namespace loom::train
