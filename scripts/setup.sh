@@ -11,6 +11,8 @@ packages=(
   libtomlplusplus-dev              # TOML configs
   nlohmann-json3-dev               # JSON metrics, manifests, safetensors headers
   libfmt-dev                       # GCC 12's libstdc++ has no <format>
+  libssl-dev                       # HMAC-SHA256: job ids and fingerprints derived from the job secret
+  clang libclang-rt-14-dev         # libFuzzer targets under fuzz/ (ASan/UBSan runtimes)
   libopenmpi-dev openmpi-bin      # MPI transport between nodes; the baseline of `loom bench comm`
   libsentencepiece-dev             # BPE tokenizer training and encoding (loom prepare)
   fortunes                         # the default training corpus (text files under /usr/share/games/fortunes)

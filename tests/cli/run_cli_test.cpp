@@ -4,6 +4,9 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "cli_runner.h"
@@ -91,6 +94,42 @@ TEST(RunCli, BadInvocationsAreClearErrors) {
   r = run_loom("run -n 1 -- /nonexistent/program");
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, HasSubstr("cannot start '/nonexistent/program'"));
+}
+
+
+// A local user can list /dev/shm and read every process's command line; the job's log is often
+// shared. None of them may hold any piece of the job secret, whatever characters it has.
+TEST(RunCli, TheJobSecretAppearsInNoFileNameCommandLineOrLog) {
+  namespace fs = std::filesystem;
+  const fs::path dir = scratch_dir("secret");
+  // Spaces and slashes broke the job on main (the id was the secret's first 12 characters).
+  const std::string secret = "Qv7 zK/w9+Jm xR4-pL8 T3sq";
+  { std::ofstream(dir / "secret") << secret; }
+  const std::string d = dir.string();
+  auto r = run_shell("export LOOM_JOB_SECRET=\"$(cat " + d + "/secret)\"; " + std::string(LOOM_BINARY) +
+                     " run -n 2 -- " + LOOM_BINARY + " train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.dp=2"
+                     " --set train.steps=40 --set train.out_dir=" + d + "/out --save-dir " + d + "/ck --save-every 20 > " + d +
+                     "/log 2>&1 & pid=$!; "
+                     "while kill -0 $pid 2>/dev/null; do ls -la /dev/shm >> " + d + "/shm; "
+                     "cat /proc/[0-9]*/cmdline 2>/dev/null | tr \"\\0\" \" \" >> " + d + "/cmdline; sleep 0.01; done; wait $pid");
+  auto slurp = [&](const std::string& name) {
+    std::ifstream in(dir / name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string log = slurp("log");
+  ASSERT_EQ(r.rc, 0) << log;
+  std::string everything = log + slurp("shm") + slurp("cmdline") + slurp("out/metrics.jsonl") + slurp("out/manifest.json");
+  for (const auto& e : fs::recursive_directory_iterator(dir / "ck"))
+    if (e.is_regular_file() && e.path().extension() == ".json") everything += slurp(fs::relative(e.path(), dir).string());
+  EXPECT_GT(slurp("cmdline").size(), 0u);
+  // No run of 4 characters of the secret anywhere.
+  for (size_t i = 0; i + 4 <= secret.size(); ++i)
+    EXPECT_EQ(everything.find(secret.substr(i, 4)), std::string::npos) << "'" << secret.substr(i, 4) << "' leaked";
+  // Whatever Loom left visible under /dev/shm was private to the user.
+  std::istringstream shm(slurp("shm"));
+  for (std::string line; std::getline(shm, line);)
+    if (line.find(" loom-") != std::string::npos) EXPECT_EQ(line.rfind("-rw-------", 0), 0u) << line;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Who a process is in a job, from `loom run`'s, mpirun's or srun's variables.
 #include "loom/comm/job_env.h"
+#include "loom/core/keyed_hash.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -46,7 +47,28 @@ TEST(JobEnv, LoomRunVariables) {
   EXPECT_EQ(job.master_addr, "10.0.0.1");
   EXPECT_EQ(job.master_port, 29500);
   EXPECT_EQ(job.forced_node_id, 1);
-  EXPECT_EQ(job.job_id, "abcdef012345");  // derived from the secret: unique per job
+  // Derived from the secret by a keyed hash: unique per job, and no part of the secret.
+  EXPECT_EQ(job.job_id, loom::comm::job_id_from_secret("abcdef0123456789abcdef"));
+  EXPECT_EQ(job.job_id.size(), 12u);
+  EXPECT_EQ(std::string("abcdef0123456789abcdef").find(job.job_id.substr(0, 4)), std::string::npos);
+}
+
+TEST(JobEnv, AnyByteStringIsASecretAndTheIdTellsNothingAboutIt) {
+  for (std::string secret : {std::string("s3cret with spaces/and slashes"), std::string("\xff\x01\x7f'\"$(x)"),
+                             std::string(5000, 'a'), std::string("x")}) {
+    const std::string id = loom::comm::job_id_from_secret(secret);
+    EXPECT_EQ(id.size(), 12u);
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+    EXPECT_EQ(id, loom::comm::job_id_from_secret(secret));  // every rank derives the same
+    // A job started with it reads the same id (it names the shared memory on every rank).
+    auto job = read_job_env(Env{{"LOOM_RANK", "0"}, {"LOOM_WORLD_SIZE", "2"}, {"LOOM_MASTER_PORT", "29500"},
+                                {"LOOM_JOB_SECRET", secret}});
+    EXPECT_EQ(job.job_id, id);
+  }
+  EXPECT_NE(loom::comm::job_id_from_secret("a"), loom::comm::job_id_from_secret("b"));
+  // HMAC-SHA256 known answer (RFC 4231, test case 2), so the id is the standard construction.
+  EXPECT_EQ(loom::hmac_sha256_hex("Jefe", "what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
 TEST(JobEnv, MpirunVariablesNeedNoSecret) {

@@ -160,8 +160,10 @@ int launch(const RunArgs& a) {
   if (secret.empty()) secret = comm::make_job_secret();
   // Names shared memory on this node only, so each launch gets its own suffix: two jobs started from
   // one shell with the same exported secret (or a nested `loom run`) must not share segments.
+  // The id is public (it names files under /dev/shm): a keyed hash of the secret, never a piece of it.
   const std::string job_id =
-      (base_env.contains("LOOM_JOB_ID") ? base_env["LOOM_JOB_ID"] : secret.substr(0, 12)) + "-" + random_suffix();
+      (base_env.contains("LOOM_JOB_ID") ? base_env["LOOM_JOB_ID"] : comm::job_id_from_secret(secret)) + "-" +
+      random_suffix();
 
   // Signals are blocked before any thread exists (threads inherit the mask): otherwise the store's
   // thread could take a SIGINT meant for the watch loop and die of it, taking the launcher along.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "loom/core/keyed_hash.h"
 #include "loom/error.h"
 
 extern char** environ;
@@ -78,16 +79,6 @@ void validate_job_id(const std::string& id) {
   bool ok = !id.empty() && id.size() <= 64;
   for (char ch : id) ok = ok && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.');
   if (!ok) throw ConfigError(fmt::format("LOOM_JOB_ID = '{}' must be 1..64 characters of A-Z a-z 0-9 . _ -", id));
-}
-
-// `loom run` secrets are hex, so the id is their first 12 characters (what the launcher also exports). A
-// hand-made secret may hold characters unfit for a file name: then a hash of it (64-bit FNV-1a) in hex.
-std::string job_id_from_secret(const std::string& secret) {
-  std::string prefix = secret.substr(0, 12);
-  if (prefix.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos) return prefix;
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : secret) h = (h ^ ch) * 1099511628211ull;
-  return fmt::format("{:012x}", h >> 16);
 }
 
 }  // namespace
@@ -183,6 +174,8 @@ std::map<std::string, std::string> current_environment() {
   }
   return env;
 }
+
+std::string job_id_from_secret(const std::string& secret) { return derived_id(secret, "job id"); }
 
 const char* launcher_name(Launcher launcher) {
   switch (launcher) {

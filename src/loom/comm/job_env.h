@@ -39,4 +39,8 @@ std::map<std::string, std::string> current_environment();
 
 const char* launcher_name(Launcher launcher);
 
+// The job id a secret gives (12 hex digits of a keyed hash): what names the job's shared memory, which
+// every local user can list, so it tells nothing about the secret. Any byte string is a valid secret.
+std::string job_id_from_secret(const std::string& secret);
+
 }  // namespace loom::comm

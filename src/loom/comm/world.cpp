@@ -165,8 +165,8 @@ std::unique_ptr<World> World::join(const JobEnv& job, const CommOptions& options
     // over MPI: nobody outside the MPI job learns the secret.
     struct Rendezvous {
       int port;
+      int secret_bytes;
       char addr[256];
-      char secret[80];
     } rv{};
     std::string my_host = host_name();
     std::vector<char> hosts(static_cast<size_t>(job.world_size) * 256);
@@ -180,14 +180,17 @@ std::unique_ptr<World> World::join(const JobEnv& job, const CommOptions& options
       w->server_ = std::make_unique<StoreServer>(one_host ? "127.0.0.1" : "0.0.0.0", 0, s);
       rv.port = w->server_->port();
       std::strncpy(rv.addr, one_host ? "127.0.0.1" : my_host.c_str(), sizeof rv.addr - 1);
-      std::strncpy(rv.secret, s.c_str(), sizeof rv.secret - 1);
+      rv.secret_bytes = static_cast<int>(s.size());
+      secret = s;
     }
     MPI_Bcast(&rv, sizeof rv, MPI_BYTE, 0, MPI_COMM_WORLD);
+    // The secret goes by its length: any byte string of any length is a valid LOOM_JOB_SECRET.
+    secret.resize(static_cast<size_t>(rv.secret_bytes));
+    MPI_Bcast(secret.data(), rv.secret_bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
     addr = rv.addr;
     port = rv.port;
-    secret = rv.secret;
   }
-  if (ctx->job.job_id.empty() || ctx->job.job_id.rfind("pid", 0) == 0) ctx->job.job_id = secret.substr(0, 12);
+  if (ctx->job.job_id.empty() || ctx->job.job_id.rfind("pid", 0) == 0) ctx->job.job_id = job_id_from_secret(secret);
   ctx->store = std::make_shared<Store>(addr, port, secret, timeout);
 
   std::vector<int> all(job.world_size);
