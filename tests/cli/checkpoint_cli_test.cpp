@@ -150,23 +150,50 @@ TEST(Checkpoint, KeepPrunesOnlyThisRunsOlderCheckpoints) {
   fs::remove_all(root);
 }
 
-TEST(Checkpoint, SigtermSavesAtTheNextStepBoundaryAndExitsCleanly) {
+TEST(Checkpoint, SigtermSavesAtTheNextStepBoundaryAndSaysSoExactly) {
   auto root = loom::test::scratch_dir("ck-term");
-  std::string cmd = std::string(LOOM_BINARY) + " " + train_args(root, 100000, "", 0) + " 2>" +
-                    (root / "err.txt").string() + " & pid=$!; for i in $(seq 600); do grep -q \"step \" " + (root / "err.txt").string() +
+  const std::string err_file = (root / "err.txt").string(), json_file = (root / "summary.json").string();
+  std::string cmd = std::string(LOOM_BINARY) + " " + train_args(root, 100000, "--json", 0) + " >" + json_file + " 2>" +
+                    err_file + " & pid=$!; for i in $(seq 600); do grep -q \"step \" " + err_file +
                     " && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo rc=$?";
   FILE* p = ::popen(("bash -c '" + cmd + "'").c_str(), "r");
   char buf[256] = {0};
   std::string out;
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   ::pclose(p);
-  EXPECT_NE(out.find("rc=0"), std::string::npos) << "[" << out << "] " << cmd;
-  std::ifstream e(root / "err.txt");
+  // 128 + SIGTERM: what torchrun-style agents read as "preempted", distinct from finished (0) and failed (1).
+  EXPECT_NE(out.find("rc=143"), std::string::npos) << "[" << out << "] " << cmd;
+  std::ifstream e(err_file);
   std::string err((std::istreambuf_iterator<char>(e)), {});
-  EXPECT_NE(err.find("stopped by signal 15"), std::string::npos) << err;
   std::string name = latest(root);
   ASSERT_FALSE(name.empty()) << err;
   EXPECT_TRUE(fs::exists(root / "ck" / name / "manifest.json"));
+  const int saved = std::stoi(name.substr(5));
+  EXPECT_NE(err.find("stopped by SIGTERM after step " + std::to_string(saved) + " of 100000, saved as step " +
+                     std::to_string(saved)),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("stopped: step " + std::to_string(saved) + " | loss"), std::string::npos) << err;
+  // --json describes the step that ran last and was saved, with the loss that step logged.
+  std::ifstream j(json_file);
+  auto summary = nlohmann::json::parse(j);
+  EXPECT_EQ(summary["stopped_by"], "SIGTERM");
+  EXPECT_EQ(summary["last_step"].get<int>(), saved);
+  EXPECT_EQ(summary["saved_step"].get<int>(), saved);
+  const auto logged = losses(root);
+  ASSERT_EQ(static_cast<int>(logged.size()), saved);
+  EXPECT_DOUBLE_EQ(summary["final_loss"].get<double>(), logged.back());
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, AFinishedRunSaysItWasNotStopped) {
+  auto root = loom::test::scratch_dir("ck-done");
+  auto r = run_loom(train_args(root, 3, "--json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto summary = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(summary["stopped_by"].is_null());
+  EXPECT_EQ(summary["last_step"].get<int>(), 3);
+  EXPECT_DOUBLE_EQ(summary["final_loss"].get<double>(), losses(root).back());
   fs::remove_all(root);
 }
 

@@ -347,6 +347,44 @@ TEST(VerifyCli, ADifferenceBeyondTheToleranceFailsAndBadLayoutsAreRefused) {
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("reference"))) << "no job may start";
 }
 
+// Ranks of one job started with different settings used to train to the end and exit 0 with diverged
+// replicas. Now the job stops before step 1 with one line naming each key and which ranks hold what.
+TEST(DataParallelCli, RanksThatDisagreeStopBeforeStepOneNamingTheKeys) {
+  auto dir = scratch_dir("disagree");
+  const std::string base = "run -n 2 -- sh -c \"exec " + std::string(LOOM_BINARY) + " train --config " LOOM_SOURCE_DIR
+                           "/configs/tiny.toml --quiet --set parallel.dp=2 --set train.steps=3 --set train.out_dir=" +
+                           (dir / "out").string() + " ";
+  struct Case {
+    std::string sets, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--set model.n_layers=\\$((LOOM_RANK + 2))", "model.n_layers: 2 on rank 0 vs 3 on rank 1"},
+           {"--set model.vocab_size=\\$((512 + 64 * LOOM_RANK))", "model.vocab_size: 512 on rank 0 vs 576 on rank 1"},
+           {"--set train.seed=\\$((7 + LOOM_RANK))", "train.seed: 7 on rank 0 vs 8 on rank 1"},
+           {"--set train.lr=0.00\\$((1 + LOOM_RANK))", "train.lr: 0.001 on rank 0 vs 0.002 on rank 1"},
+           {"--set precision=\\$([ \\$LOOM_RANK = 0 ] && echo fp32 || echo bf16)",
+            "precision: \"fp32\" on rank 0 vs \"bf16\" on rank 1"}}) {
+    SCOPED_TRACE(c.sets);
+    auto r = run_loom(base + c.sets + "\"");
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("ranks disagree on the run before step 1")) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.expect)) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl")) << "no step may run";
+  }
+  // The same config over different data (same tokenizer, other shards): named by content, not path.
+  const std::string fortunes = "/usr/share/games/fortunes";
+  ASSERT_EQ(run_loom("prepare --input " + fortunes + "/art --out " + (dir / "a").string() +
+                     " --vocab-size 512 --threads 1 --quiet").rc, 0);
+  ASSERT_EQ(run_loom("prepare --input " + fortunes + "/science --out " + (dir / "b").string() + " --tokenizer " +
+                     (dir / "a" / "tokenizer.model").string() + " --threads 1 --quiet").rc, 0);
+  auto r = run_loom(base + "--set data.source=shards --set train.seq_len=32 --set data.dir=" + dir.string() +
+                    "/\\$([ \\$LOOM_RANK = 0 ] && echo a || echo b)\"");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("ranks disagree on the data before step 1")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("on rank 0 vs shards: tokenizer")) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   auto r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.dp=2");
   EXPECT_NE(r.rc, 0);

@@ -97,6 +97,30 @@ TEST(RunCli, BadInvocationsAreClearErrors) {
 }
 
 
+// Ranks blocked in a collective notice that the peer they wait for is gone (its lock on a shared-memory
+// object drops with the process), so the job is down in well under a second; on main they sat in the
+// collective until the launcher's kill grace (3 s) ran out.
+TEST(RunCli, AKilledRankBringsATrainingJobDownWithinASecond) {
+  const std::filesystem::path dir = scratch_dir("killed");
+  const std::string d = dir.string();
+  auto r = run_shell(std::string(LOOM_BINARY) + " run -n 3 -- " + LOOM_BINARY + " train --config " LOOM_SOURCE_DIR
+                     "/configs/tiny.toml --set parallel.dp=3 --set train.batch_size=6 --set train.steps=1000000 "
+                     "--set train.out_dir=" + d + "/out -q > " + d + "/log 2>&1 & pid=$!; "
+                     "for i in $(seq 600); do [ -f " + d + "/out/metrics.jsonl ] && [ $(wc -l < " + d +
+                     "/out/metrics.jsonl) -ge 3 ] && break; sleep 0.05; done; "
+                     "child=$(pgrep -P $pid | sed -n 2p); t0=$(date +%s%N); kill -KILL $child; wait $pid; rc=$?; "
+                     "t1=$(date +%s%N); echo \"rc=$rc ms=$(( (t1 - t0) / 1000000 ))\"");
+  std::ifstream in(dir / "log");
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_THAT(r.out, HasSubstr("rc=1 ")) << r.out << log;
+  const auto at = r.out.find("ms=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_LE(std::stoi(r.out.substr(at + 3)), 1000) << log;
+  EXPECT_THAT(log, HasSubstr("killed by signal 9 (SIGKILL)"));
+  EXPECT_THAT(log, HasSubstr("is gone (its process exited)"));
+  std::filesystem::remove_all(dir);
+}
+
 // A local user can list /dev/shm and read every process's command line; the job's log is often
 // shared. None of them may hold any piece of the job secret, whatever characters it has.
 TEST(RunCli, TheJobSecretAppearsInNoFileNameCommandLineOrLog) {

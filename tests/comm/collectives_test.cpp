@@ -137,6 +137,24 @@ TEST(Collectives, DebugModeNamesTheRankWhoseOpDisagrees) {
   EXPECT_LT(l.seconds, 15.0) << "the mismatch must be reported, not time out";
 }
 
+// The always-on check (no LOOM_COMM_DEBUG): every record and message carries its op's descriptor, so
+// ranks in different ops, or the same op with different counts, fail at the first contact with the
+// names debug mode gives. On main these waited for LOOM_COMM_TIMEOUT.
+TEST(Collectives, MismatchedOpsFailFastWithoutDebugMode) {
+  for (const char* scenario : {"mismatch", "count_mismatch_small", "count_mismatch_large"}) {
+    SCOPED_TRACE(scenario);
+    auto l = loom_run(3, scenario, "LOOM_COMM_TIMEOUT=60");
+    EXPECT_NE(l.result.rc, 0);
+    EXPECT_NE(l.result.err.find("ops disagree in group world"), std::string::npos) << l.result.err;
+    if (std::string(scenario) == "mismatch")
+      EXPECT_NE(l.result.err.find("rank 1 called all_gather(F32, 64 elements) #1"), std::string::npos) << l.result.err;
+    else
+      EXPECT_NE(l.result.err.find("rank 1 called all_reduce(F32, sum, "), std::string::npos) << l.result.err;
+    EXPECT_LT(l.seconds, 10.0) << "the mismatch must be reported, not time out";
+    EXPECT_EQ(leftover_segments(l.job_id), 0);
+  }
+}
+
 TEST(Collectives, AKilledRankBringsTheJobDownWithTheLaunchersReport) {
   auto l = loom_run(3, "crash", "LOOM_COMM_TIMEOUT=60");
   EXPECT_EQ(l.result.rc, 1);

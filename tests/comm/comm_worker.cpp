@@ -7,6 +7,7 @@
 //   comm_worker hier        all_reduce / reduce_scatter / all_gather across forced nodes; MPI must carry bytes
 //   comm_worker never_join  rank 1 never joins; the others must fail with the watchdog message
 //   comm_worker mismatch    rank 1 calls all_gather where the others call all_reduce (LOOM_COMM_DEBUG=1)
+//   comm_worker count_mismatch_small|count_mismatch_large   rank 1 all-reduces 16 elements more
 //   comm_worker crash       rank 1 dies by SIGKILL while the others wait in an all_reduce
 #include <fmt/format.h>
 #include <signal.h>
@@ -369,7 +370,8 @@ int hier(World& world) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: comm_worker matrix|subgroups|async|hier|never_join|mismatch|crash\n");
+    std::fprintf(stderr, "usage: comm_worker matrix|subgroups|async|hier|never_join|mismatch|count_mismatch_small|"
+                 "count_mismatch_large|crash\n");
     return 2;
   }
   const std::string what = argv[1];
@@ -393,6 +395,13 @@ int main(int argc, char** argv) {
       std::vector<float> buf(64 * world->size(), 1.0f);
       if (job.rank == 1) world->group().all_gather(buf.data(), buf.data(), 64, DType::F32).wait();
       else world->group().all_reduce(buf.data(), buf.data(), 64, DType::F32).wait();
+      return 1;
+    }
+    if (what == "count_mismatch_small" || what == "count_mismatch_large") {
+      // Rank 1 reduces a few more elements than the others: one-shot (small) or ring/direct (large).
+      const size_t n = what == "count_mismatch_small" ? 64 : size_t{1} << 20;
+      std::vector<float> buf(n + 16, 1.0f);
+      world->group().all_reduce(buf.data(), buf.data(), job.rank == 1 ? n + 16 : n, DType::F32).wait();
       return 1;
     }
     if (what == "crash") {

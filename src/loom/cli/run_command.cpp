@@ -59,6 +59,14 @@ std::string describe_exit(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
+// A rank that stopped because it was asked to: `loom train` saves and exits 128 + the signal (143 for
+// SIGTERM) when preempted, so a job signalled behind the launcher's back is stopped, not failed.
+bool stopped_on_request(int status) {
+  if (!WIFEXITED(status)) return false;
+  const int code = WEXITSTATUS(status);
+  return code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP;
+}
+
 // `loom` as the command means this very binary, so `loom run -- loom train` works without loom on PATH.
 std::string resolve_program(const std::string& program) {
   if (program != "loom") return program;
@@ -234,6 +242,7 @@ int launch(const RunArgs& a) {
   pid_t group = 0;
   std::optional<std::string> failure;  // the first rank that failed, and how
   int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP the launcher received
+  int rank_stop_status = 0;            // 128 + signal of a rank that stopped when asked
   Clock::time_point kill_at = Clock::time_point::max();  // SIGKILL whatever still runs then
   int running = 0;
   // The job's process group: every rank and whatever it started, each signalled exactly once (a rank
@@ -303,7 +312,10 @@ int launch(const RunArgs& a) {
         r.running = false;
         r.status = status;
         --running;
-        if (failed(status)) record_failure(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_exit(status)));
+        if (stopped_on_request(status))
+          rank_stop_status = WEXITSTATUS(status);
+        else if (failed(status))
+          record_failure(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_exit(status)));
       }
     }
     if (Clock::now() >= kill_at && running > 0) {
@@ -323,8 +335,8 @@ int launch(const RunArgs& a) {
   }
   if (stop_signal != 0) return 128 + stop_signal;
   for (const auto& r : ranks)
-    if (failed(r.status)) return 1;
-  return 0;
+    if (failed(r.status) && !stopped_on_request(r.status)) return 1;
+  return rank_stop_status;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "loom/plan/engine_memory.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/preemption.h"
+#include "loom/train/rank_agreement.h"
 #include "loom/train/run_log.h"
 #include "loom/train/trainer.h"
 
@@ -115,6 +116,12 @@ int run_train(const TrainOptions& o) {
   say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
   const auto& m = cfg.model.resolved;
   const auto table = spec::build_param_table(m);
+  // Before any work: every rank runs the same build, config, model and layout (else one line naming what
+  // differs, instead of replicas that silently diverge).
+  if (world)
+    train::check_ranks_agree(world->group(),
+                             train::run_facts(cfg, table, world->size(), fmt::format("{} ({})", id.version, id.commit)),
+                             "the run");
   say(fmt::format("model {} ({}): {:.2f} M parameters, L={} C={} H={} KV={} V={} | {} | batch {} x {} tokens (micro {})",
                   cfg.model.preset, spec::arch_name(m.arch), table.total_numel() * 1e-6, m.n_layers, m.d_model,
                   m.n_heads, m.n_kv_heads, m.vocab_size, model::precision_name(cfg.precision), cfg.train.batch_size,
@@ -136,6 +143,7 @@ int run_train(const TrainOptions& o) {
   }
   train::Trainer trainer(cfg, backend, peak.flops_per_s, mesh ? mesh->group(spec::MeshAxis::DP) : nullptr);
   say("data: " + trainer.data().describe());
+  if (world) train::check_ranks_agree(world->group(), train::data_facts(trainer.data()), "the data");
   if (o.check_replicas > 0 && trainer.zero_stage() == 3)
     say("note: --check-replicas has nothing to compare under parallel.zero = 3 (no state is replicated); skipped");
   const bool resuming = resuming_run;
@@ -159,7 +167,7 @@ int run_train(const TrainOptions& o) {
     return 0;
   }
   train::install_preemption_handlers();
-  int64_t last_saved = trainer.start_step();
+  int64_t last_saved = trainer.start_step(), last_step = trainer.start_step();
 
   std::vector<double> tps, mfus, exposed, comm_cpu, step_s;
   std::optional<double> last_val;
@@ -167,20 +175,27 @@ int run_train(const TrainOptions& o) {
   // The first steps pay for primitive creation and page faults; exclude them from the summary.
   const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
   bool preempted = false;
+  int stop_signal = 0;  // the signal that stopped the run, agreed by every rank
   trainer.run([&](const train::StepMetrics& s) {
     if (log) log->write(s);
+    // The summary describes the last step that ran, also when a signal ends the run after it.
+    last_step = s.step;
+    last_loss = s.loss;
+    if (s.val_loss) last_val = s.val_loss;
     if (o.check_replicas > 0 && s.step % o.check_replicas == 0) trainer.check_replicas(s.step);
     // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
     const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
     const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
-    preempted = train::preemption_requested();
+    stop_signal = train::preemption_signal();
     if (world) {
       // Ranks may see a signal at different steps: all stop after the same one, or the early ones would
-      // leave the others waiting in the next step's collectives.
-      int32_t flag = preempted ? 1 : 0;
+      // leave the others waiting in the next step's collectives. The signal travels too, so every rank
+      // reports (and exits with) the one that came.
+      int32_t flag = stop_signal;
       world->group().all_reduce(&flag, &flag, 1, DType::I32, comm::ReduceOp::kMax).wait();
-      preempted = flag != 0;
+      stop_signal = flag;
     }
+    preempted = stop_signal != 0;
     if (periodic || final || preempted) {
       // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
       trainer.gather_full_state();
@@ -189,11 +204,12 @@ int run_train(const TrainOptions& o) {
         if (!quiet) fmt::print(stderr, "{}checkpoint saved: {}\n", tty ? "\r\033[K" : "", path);
       }
       trainer.release_full_state();
+      // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
+      // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save.
+      if (world) world->group().barrier(comm::kSaveTimeout).wait();
     }
     if (periodic || final || preempted) last_saved = s.step;
     if (preempted) return false;
-    last_loss = s.loss;
-    if (s.val_loss) last_val = s.val_loss;
     if (s.step > warmup) {
       tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
       exposed.push_back(s.exposed_comm_seconds), comm_cpu.push_back(s.comm_cpu_seconds), step_s.push_back(s.step_seconds);
@@ -209,9 +225,10 @@ int run_train(const TrainOptions& o) {
     fmt::print(stderr, "{}{}{}", tty ? "\r\033[K" : "", line, keep ? "\n" : "");
     return true;
   });
+  const std::string stopped_by = preempted ? "SIG" + std::string(sigabbrev_np(stop_signal)) : "";
   if (preempted)
-    say(fmt::format("stopped by signal {} after step {}; resume with --resume (checkpoint.dir = {})",
-                    train::preemption_signal(), last_saved, cfg.checkpoint.dir));
+    say(fmt::format("stopped by {} after step {} of {}, saved as step {}; resume with --resume (checkpoint.dir = {})",
+                    stopped_by, last_step, cfg.train.steps, last_saved, cfg.checkpoint.dir));
 
   double wall = 0;
   for (auto& [name, st] : tracer.stats())
@@ -221,8 +238,9 @@ int run_train(const TrainOptions& o) {
   for (auto& [name, st] : tracer.stats())
     if (st.category == profile::Category::Gemm || st.category == profile::Category::Kernel) declared += st.flops;
   const double hfu = wall > 0 && peak.flops_per_s > 0 ? declared / wall / peak.flops_per_s : 0;
-  say(fmt::format("done: loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
-                  last_loss, last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
+  say(fmt::format("{}: step {} | loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
+                  preempted ? "stopped" : "done", last_step, last_loss,
+                  last_val ? fmt::format(" | val {:.4f}", *last_val) : "", med_tps, 100 * med_mfu, 100 * hfu,
                   alloc.total().peak / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
   if (world && !step_s.empty())
     say(fmt::format("data-parallel communication per step (median): exposed {:.1f} ms ({:.1f}% of the step), "
@@ -266,8 +284,12 @@ int run_train(const TrainOptions& o) {
     nlohmann::json j{{"framework", "loom"},   {"preset", cfg.model.preset}, {"precision", model::precision_name(cfg.precision)},
                      {"threads", threads},    {"tokens_per_s", med_tps},    {"mfu", med_mfu},
                      {"hfu", hfu},            {"final_loss", last_loss},    {"steps", cfg.train.steps},
+                     {"last_step", last_step},
                      {"peak_flops", peak.flops_per_s}, {"peak_bytes", alloc.total().peak}};
     if (last_val) j["val_loss"] = *last_val;
+    // A preempted run says so: what stopped it and the step its checkpoint holds.
+    j["stopped_by"] = preempted ? nlohmann::json(stopped_by) : nlohmann::json(nullptr);
+    if (last_saved > 0) j["saved_step"] = last_saved;
     // Rank 0's peak bytes by category (under ZeRO its shards; a checkpoint save adds the gathered
     // moments, and under ZeRO-3 the gathered weights, for its duration).
     for (int c = 0; c < kMemCategoryCount; ++c) {
@@ -278,7 +300,9 @@ int run_train(const TrainOptions& o) {
     if (trainer.zero_stage() >= 1) j["on_demand_resident_bytes"] = trainer.on_demand_resident_bytes();
     fmt::print("{}\n", j.dump());
   }
-  return 0;
+  // Preempted: the shell convention for death by that signal (143 for SIGTERM), which torchrun-style
+  // agents read as "stopped, resumable", never 0 (finished) or 1 (failed).
+  return preempted ? 128 + stop_signal : 0;
 }
 
 }  // namespace

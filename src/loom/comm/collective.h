@@ -55,7 +55,16 @@ struct Tuning {
   Algo forced[static_cast<int>(OpKind::kBarrier) + 1] = {};  // LOOM_COMM_ALGO; kAuto = by size
   size_t inline_max_bytes = size_t{64} << 10;               // ops this small may run in the caller
   bool debug = false;                                       // LOOM_COMM_DEBUG: cross-check every op
-  std::chrono::milliseconds timeout{600'000};               // LOOM_COMM_TIMEOUT (seconds in the variable)
+  bool check = true;  // LOOM_COMM_CHECK=0 turns off the always-on op stamps (to measure what they cost)
+  // LOOM_COMM_TIMEOUT (seconds in the variable): how long one op may wait for its peers. It is sized for
+  // reporting a hang (a rank stuck in another op, a deadlock), not for healthy waits: peers arrive within
+  // a step's imbalance, and a dead peer on this node is noticed at once (peer_liveness.h). Five minutes
+  // covers a slow step of a large model on a loaded machine and still reports a hang in minutes.
+  std::chrono::milliseconds timeout{300'000};
 };
+
+// The deadline of a barrier that waits for a peer's I/O (rank 0 writing a checkpoint), which may take
+// far longer than a hang's timeout.
+inline constexpr std::chrono::milliseconds kSaveTimeout = std::chrono::hours(2);
 
 }  // namespace loom::comm

@@ -31,8 +31,15 @@ SpinPolicy spin_policy_for(int ranks_on_node, std::chrono::microseconds spin);
 
 // Waits until `ready()` is true, sleeping on `own` (process-shared futex: std::atomic::wait uses
 // private futexes and misses wake-ups from other processes). Returns false if `deadline` passed first.
+// Once asleep it calls `check()` every kCheckEvery at most (it may throw: a peer died), so a wait for
+// a peer that will never come ends within a slice instead of at the deadline.
+inline constexpr std::chrono::milliseconds kCheckEvery{20};
+template <class Ready, class Check>
+bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready, Check&& check);
 template <class Ready>
-bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready);
+bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready) {
+  return wait_on(own, spin, deadline, ready, [] {});
+}
 
 namespace detail {
 // Sleeps until the word differs from `seen` or ~`max_sleep` passed (then the caller re-checks).
@@ -40,8 +47,8 @@ void futex_sleep(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::micros
 void cpu_relax();
 }  // namespace detail
 
-template <class Ready>
-bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready) {
+template <class Ready, class Check>
+bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, Ready&& ready, Check&& check) {
   if (spin.spin.count() > 0) {
     const auto spin_until = Clock::now() + spin.spin;
     for (int i = 0;; ++i) {
@@ -50,6 +57,7 @@ bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, 
       if ((i & 63) == 63 && Clock::now() >= spin_until) break;
     }
   }
+  auto checked = Clock::now();
   for (;;) {
     // Dekker-style: read the bell, announce the sleeper, re-check; a ring after our check changes the
     // word, so the futex returns at once instead of missing it.
@@ -66,9 +74,13 @@ bool wait_on(Doorbell& own, const SpinPolicy& spin, Clock::time_point deadline, 
     }
     // Sleep in slices so the deadline is honoured even when nobody rings.
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-    detail::futex_sleep(own.rings, seen, std::min(left, std::chrono::microseconds(50'000)));
+    detail::futex_sleep(own.rings, seen, std::min<std::chrono::microseconds>(left, kCheckEvery));
     own.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return true;
+    if (Clock::now() - checked >= kCheckEvery) {
+      check();
+      checked = Clock::now();
+    }
   }
 }
 

@@ -127,10 +127,22 @@ std::vector<std::span<const std::byte>> MpiTransport::exchange(std::span<const s
   if (mine.size() > max_exchange_bytes())
     throw CommError(fmt::format("exchange of {} bytes exceeds the {}-byte record", mine.size(), max_exchange_bytes()));
   int my_size = static_cast<int>(mine.size());
-  record_sizes_.assign(size_, 0);
+  // Sizes travel with each rank's op stamp, so ranks in different ops fail here instead of hanging.
+  struct Head {
+    int32_t size;
+    OpDesc stamp;
+  };
+  Head my_head{my_size, stamp_};
+  std::vector<Head> heads(size_);
   MPI_Request req;
-  check(MPI_Iallgather(&my_size, 1, MPI_INT, record_sizes_.data(), 1, MPI_INT, comm_, &req), "MPI_Iallgather");
+  check(MPI_Iallgather(&my_head, sizeof(Head), MPI_BYTE, heads.data(), sizeof(Head), MPI_BYTE, comm_, &req),
+        "MPI_Iallgather");
   wait(&req, 1, "exchange (MPI allgather of sizes)", -1);
+  record_sizes_.assign(size_, 0);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) check_stamp(r, heads[r].stamp);
+    record_sizes_[r] = heads[r].size;
+  }
   std::vector<int> displs(size_ + 1, 0);
   for (int r = 0; r < size_; ++r) displs[r + 1] = displs[r] + record_sizes_[r];
   records_.resize(std::max(1, displs[size_]));

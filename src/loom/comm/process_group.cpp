@@ -64,6 +64,7 @@ struct ProcessGroup::Op {
   int peer = -1;
   uint64_t tag = 0;
   size_t bytes = 0;  // payload, for the inline decision and statistics
+  std::optional<std::chrono::milliseconds> timeout;  // this op's deadline instead of the group's
   std::shared_ptr<Work::State> state;
 };
 
@@ -191,9 +192,13 @@ void ProcessGroup::execute(Op& op) {
     std::lock_guard lock(mu_);
     broken = broken_;
   }
-  const auto deadline = Clock::now() + tuning_.timeout;
+  const auto deadline = Clock::now() + op.timeout.value_or(tuning_.timeout);
+  // Collectives stamp every record and message with their descriptor (seq 0: unchecked), so a rank in
+  // another op is named at the first contact.
+  OpDesc stamp = op.desc;
+  if (!tuning_.check || !is_collective(op.desc.kind)) stamp.seq = 0;
   for (Transport* t : {transport_.get(), local_.get(), cross_.get()})
-    if (t) t->set_deadline(deadline);
+    if (t) t->set_deadline(deadline), t->set_stamp(stamp);
   try {
     if (!broken.empty())
       throw CommError(fmt::format("rank {}: {} not run: group {} failed earlier ({})", ranks_[rank_], label(op), id_,
@@ -213,9 +218,27 @@ void ProcessGroup::execute(Op& op) {
     auto msg = fmt::format(
         "rank {}: {} timed out after {:.0f} s (LOOM_COMM_TIMEOUT) in group {} (ranks [{}]) waiting for {}: rank(s) {} "
         "never arrived",
-        ranks_[rank_], label(op), std::chrono::duration<double>(tuning_.timeout).count(), id_, fmt::join(ranks_, ", "),
+        ranks_[rank_], label(op), std::chrono::duration<double>(op.timeout.value_or(tuning_.timeout)).count(), id_, fmt::join(ranks_, ", "),
         pt.waiting_for, fmt::join(missing, ", "));
     error = std::make_exception_ptr(CommTimeoutError(msg));
+    std::lock_guard lock(mu_);
+    if (broken_.empty()) broken_ = msg;
+  } catch (const OpMismatch& om) {
+    // Transport ranks of a hierarchical group's parts map to group ranks as for timeouts below.
+    int g = om.peer;
+    if (local_ && om.source == local_.get()) g = cross_->rank() * local_->size() + om.peer;
+    if (cross_ && om.source == cross_.get()) g = om.peer * local_->size() + local_->rank();
+    auto msg = fmt::format("rank {}: ops disagree in group {}: rank {} called {}; this rank called {}", ranks_[rank_], id_,
+                           ranks_.at(g), describe(om.theirs), describe(op.desc));
+    error = std::make_exception_ptr(CommError(msg));
+    std::lock_guard lock(mu_);
+    if (broken_.empty()) broken_ = msg;
+  } catch (const PeerGone& pg) {
+    auto msg = fmt::format(
+        "rank {}: {} in group {} (ranks [{}]) cannot complete: rank {} is gone (its process exited) while this rank "
+        "waited for {}",
+        ranks_[rank_], label(op), id_, fmt::join(ranks_, ", "), pg.global_rank, pg.waiting_for);
+    error = std::make_exception_ptr(CommError(msg));
     std::lock_guard lock(mu_);
     if (broken_.empty()) broken_ = msg;
   } catch (const CommError& e) {
@@ -407,9 +430,10 @@ Work ProcessGroup::recv(void* buf, size_t count, DType dtype, int peer, uint64_t
   return submit(std::move(o));
 }
 
-Work ProcessGroup::barrier() {
+Work ProcessGroup::barrier(std::optional<std::chrono::milliseconds> timeout) {
   auto o = std::make_unique<Op>();
   o->desc = {OpKind::kBarrier, DType::F32, ReduceOp::kSum, -1, 0, 0};
+  o->timeout = timeout;
   return submit(std::move(o));
 }
 

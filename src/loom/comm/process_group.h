@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -97,7 +98,8 @@ class ProcessGroup {
                     std::span<const size_t> recv_counts, DType dtype);
   Work send(const void* buf, size_t count, DType dtype, int peer, uint64_t tag);
   Work recv(void* buf, size_t count, DType dtype, int peer, uint64_t tag);
-  Work barrier();
+  // `timeout` replaces the group's LOOM_COMM_TIMEOUT for this barrier (a wait for a peer's I/O).
+  Work barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // Collective over this group: ranks with the same color form a new group, ordered by (key, rank).
   // A negative color joins no group and gets nullptr.

@@ -19,6 +19,7 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 struct alignas(kLine) Arrival {
   std::atomic<uint64_t> seq;  // exchanges this rank has entered
   uint32_t bytes[2];          // record size per slot parity
+  OpDesc stamp[2];            // the op that made the record, per slot parity
 };
 
 struct alignas(kLine) Counter {
@@ -28,6 +29,7 @@ struct alignas(kLine) Counter {
 struct ChunkHeader {
   uint64_t tag;
   uint64_t msg_bytes;
+  OpDesc stamp;  // the sender's op
 };
 }  // namespace
 
@@ -100,9 +102,12 @@ ShmTransport::~ShmTransport() = default;
 
 std::unique_ptr<ShmTransport> ShmTransport::create(Store& store, const std::string& key, const std::string& shm_prefix,
                                                    int rank, const std::vector<int>& ranks, const ShmOptions& options,
-                                                   Clock::time_point deadline) {
+                                                   Clock::time_point deadline,
+                                                   std::shared_ptr<const PeerLiveness> liveness) {
   const int n = static_cast<int>(ranks.size());
   std::unique_ptr<ShmTransport> t(new ShmTransport(rank, n, options));
+  t->global_ranks_ = ranks;
+  t->liveness_ = std::move(liveness);
   Layout probe(n, options, nullptr);
   const std::string control_name = shm_prefix + "-ctl";
   auto arena_name = [&](int r) { return fmt::format("{}-a{}", shm_prefix, r); };
@@ -136,8 +141,14 @@ void ShmTransport::check_peer(int peer, const char* what) const {
     throw CommError(fmt::format("{}: peer {} is not another rank of this group of {}", what, peer, size_));
 }
 
+void ShmTransport::check_peers_alive(const char* waiting_for) const {
+  if (!liveness_) return;
+  if (auto gone = liveness_->first_gone(global_ranks_)) throw PeerGone{*gone, waiting_for};
+}
+
 void ShmTransport::wait_for(const char* what, int peer, const std::function<bool()>& ready) {
-  if (!wait_on(layout_->bells[rank_], spin_, deadline_, ready)) throw PeerTimeout{{peer}, what, this};
+  if (!wait_on(layout_->bells[rank_], spin_, deadline_, ready, [&] { check_peers_alive(what); }))
+    throw PeerTimeout{{peer}, what, this};
 }
 
 std::vector<std::span<const std::byte>> ShmTransport::exchange(std::span<const std::byte> mine) {
@@ -159,7 +170,8 @@ std::vector<std::span<const std::byte>> ShmTransport::exchange(std::span<const s
     return ok;
   };
   auto wait_all = [&](uint64_t target) {
-    if (!wait_on(L.bells[rank_], spin_, deadline_, [&] { return all_reached(target, nullptr); })) {
+    if (!wait_on(L.bells[rank_], spin_, deadline_, [&] { return all_reached(target, nullptr); },
+                 [&] { check_peers_alive("exchange"); })) {
       PeerTimeout pt{{}, "exchange", this};
       all_reached(target, &pt.missing);
       throw pt;
@@ -168,11 +180,14 @@ std::vector<std::span<const std::byte>> ShmTransport::exchange(std::span<const s
   if (k >= 2) wait_all(k - 1);
   if (!mine.empty()) std::memcpy(L.slot(rank_, parity), mine.data(), mine.size());
   L.arrivals[rank_].bytes[parity] = static_cast<uint32_t>(mine.size());
+  L.arrivals[rank_].stamp[parity] = stamp_;
   L.arrivals[rank_].seq.store(k, std::memory_order_seq_cst);
   for (int r = 0; r < size_; ++r)
     if (r != rank_) ring(L.bells[r]);
   bytes_sent_ += mine.size();
   wait_all(k);
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) check_stamp(r, L.arrivals[r].stamp[parity]);
   std::vector<std::span<const std::byte>> views(size_);
   for (int r = 0; r < size_; ++r) views[r] = {L.slot(r, parity), L.arrivals[r].bytes[parity]};
   return views;
@@ -187,7 +202,7 @@ bool ShmTransport::try_push(Message& m) {
   const size_t payload = L.chunk_payload();
   const size_t off = m.chunks_done * payload;
   const size_t len = std::min(payload, m.bytes - std::min(m.bytes, off));
-  ChunkHeader h{m.tag, m.bytes};
+  ChunkHeader h{m.tag, m.bytes, stamp_};
   std::memcpy(slot, &h, sizeof h);
   if (len) std::memcpy(slot + round_up(sizeof(ChunkHeader), kLine), m.out + off, len);
   L.heads[ch].value.store(head + 1, std::memory_order_seq_cst);
@@ -205,6 +220,7 @@ bool ShmTransport::try_pull(Message& m) {
   const std::byte* slot = L.chunk(ch, tail);
   ChunkHeader h;
   std::memcpy(&h, slot, sizeof h);
+  check_stamp(m.peer, h.stamp);
   if (h.tag != m.tag || h.msg_bytes != m.bytes)
     throw CommError(fmt::format(
         "group rank {} expected a message with tag {} of {} bytes from group rank {}, but the next one has tag {} "

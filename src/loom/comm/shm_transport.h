@@ -14,6 +14,7 @@
 #include "loom/comm/shm_segment.h"
 #include "loom/comm/store.h"
 #include "loom/comm/arena_free_list.h"
+#include "loom/comm/peer_liveness.h"
 #include "loom/comm/transport.h"
 
 namespace loom::comm {
@@ -32,9 +33,11 @@ class ShmTransport final : public Transport {
   // Collective over the group: rank 0 creates the control segment, each rank its arena; names are
   // `shm_prefix` + suffix and are published under `key` in the store. Every segment is unlinked once
   // all ranks mapped it. `ranks` are the global ranks (for error messages).
+  // `liveness` (may be null) tells when a peer's process is gone, so waits for it end at once.
   static std::unique_ptr<ShmTransport> create(Store& store, const std::string& key, const std::string& shm_prefix,
                                               int rank, const std::vector<int>& ranks, const ShmOptions& options,
-                                              Clock::time_point deadline);
+                                              Clock::time_point deadline,
+                                              std::shared_ptr<const PeerLiveness> liveness = nullptr);
   ~ShmTransport() override;
 
   const char* name() const override { return "shm"; }
@@ -60,6 +63,8 @@ class ShmTransport final : public Transport {
   bool try_push(Message& m);
   bool try_pull(Message& m);
   void wait_for(const char* what, int peer, const std::function<bool()>& ready);
+  // Throws PeerGone if a peer of this group has exited.
+  void check_peers_alive(const char* waiting_for) const;
 
   ShmOptions options_;
   SpinPolicy spin_;
@@ -70,6 +75,8 @@ class ShmTransport final : public Transport {
   uint64_t exchanges_ = 0;
   std::atomic<uint64_t> bytes_sent_{0};  // read by stats() on another thread
   ArenaFreeList arena_free_;
+  std::vector<int> global_ranks_;
+  std::shared_ptr<const PeerLiveness> liveness_;
 };
 
 }  // namespace loom::comm

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/collective.h"
 #include "loom/comm/doorbell.h"
 
 namespace loom::comm {
@@ -23,6 +24,21 @@ struct PeerTimeout {
   const Transport* source = nullptr;  // which transport (a hierarchical group has three)
 };
 
+// Thrown by a transport when a peer it waits for has exited (comm/peer_liveness.h): the op can never
+// complete, so it fails at once instead of at the deadline.
+struct PeerGone {
+  int global_rank = -1;     // the rank whose process is gone
+  std::string waiting_for;  // what this rank was waiting for
+};
+
+// A peer's exchange record or message was stamped by another op than the one this rank runs (the
+// always-on check: the stamp is the op's descriptor, carried in every record and message header).
+struct OpMismatch {
+  int peer = -1;  // transport rank of the peer
+  OpDesc theirs;
+  const Transport* source = nullptr;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -33,6 +49,11 @@ class Transport {
   // The deadline of the op now running; every blocking call below throws PeerTimeout past it.
   void set_deadline(Clock::time_point deadline) { deadline_ = deadline; }
   Clock::time_point deadline() const { return deadline_; }
+  // The op now running, as every rank must see it (kind, dtype, reduce, root, count, sequence number).
+  // Every exchange record and message carries it and every receiver compares, so ranks that called
+  // different ops fail at their first contact instead of hanging. seq == 0: nothing to check.
+  void set_stamp(const OpDesc& stamp) { stamp_ = stamp; }
+  const OpDesc& stamp() const { return stamp_; }
 
   // Small all-gather that is also a barrier: every rank contributes up to max_exchange_bytes() and
   // gets a view of every rank's record (records[i].size() is what rank i contributed). The views stay
@@ -68,6 +89,14 @@ class Transport {
   int rank_;
   int size_;
   Clock::time_point deadline_ = Clock::time_point::max();
+  OpDesc stamp_{.seq = 0};
+  // Throws OpMismatch when a peer's stamp names another op (both stamps set).
+  void check_stamp(int peer, const OpDesc& theirs) const {
+    if (stamp_.seq == 0 || theirs.seq == 0) return;
+    if (theirs.kind != stamp_.kind || theirs.dtype != stamp_.dtype || theirs.reduce != stamp_.reduce ||
+        theirs.root != stamp_.root || theirs.count != stamp_.count || theirs.seq != stamp_.seq)
+      throw OpMismatch{peer, theirs, this};
+  }
 };
 
 }  // namespace loom::comm

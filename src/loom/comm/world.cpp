@@ -66,7 +66,8 @@ std::unique_ptr<ProcessGroup> build_group(const std::shared_ptr<GroupContext>& c
   if (one_node) {
     ShmOptions o = ctx->options.shm;
     o.ranks_on_node = std::max<int>(o.ranks_on_node, ctx->job.local_world_size);
-    auto t = ShmTransport::create(*ctx->store, "loom/g/" + id, shm_prefix(*ctx, id), my_index, global, o, deadline);
+    auto t = ShmTransport::create(*ctx->store, "loom/g/" + id, shm_prefix(*ctx, id), my_index, global, o, deadline,
+                                  ctx->liveness);
     return std::make_unique<ProcessGroup>(ctx, global, my_index, std::move(t), id, accounting);
   }
   if (!mpi)
@@ -94,7 +95,7 @@ std::unique_ptr<ProcessGroup> build_group(const std::shared_ptr<GroupContext>& c
   o.ranks_on_node = std::max<int>(o.ranks_on_node, ctx->job.local_world_size);
   const std::string local_id = fmt::format("{}.node{}", id, node);
   auto local = ShmTransport::create(*ctx->store, "loom/g/" + local_id, shm_prefix(*ctx, local_id), local_index,
-                                    local_globals, o, deadline);
+                                    local_globals, o, deadline, ctx->liveness);
   auto cross = flat_mpi->split(local_index, node_index, size_t{64} << 20);
   pg->set_hierarchy(std::move(local), std::move(cross));
   return pg;
@@ -107,8 +108,9 @@ CommOptions comm_options_from_env(const std::map<std::string, std::string>& env)
   if (auto it = env.find("LOOM_COMM"); it != env.end() && !it->second.empty()) o.transport = it->second;
   if (o.transport != "auto" && o.transport != "shm" && o.transport != "mpi")
     throw ConfigError("LOOM_COMM=" + o.transport + " is not a transport: use auto, shm or mpi");
-  o.tuning.timeout = std::chrono::seconds(parse_int_var(env, "LOOM_COMM_TIMEOUT", 600, 1, 86400 * 7));
+  o.tuning.timeout = std::chrono::seconds(parse_int_var(env, "LOOM_COMM_TIMEOUT", 300, 1, 86400 * 7));
   o.tuning.debug = parse_int_var(env, "LOOM_COMM_DEBUG", 0, 0, 1) == 1;
+  o.tuning.check = parse_int_var(env, "LOOM_COMM_CHECK", 1, 0, 1) == 1;
   o.tuning.one_shot_max_bytes = static_cast<size_t>(parse_int_var(env, "LOOM_COMM_ONE_SHOT_KB", 16, 0, 128)) << 10;
   o.shm.arena_bytes = static_cast<size_t>(parse_int_var(env, "LOOM_COMM_ARENA_MB", 512, 1, 1 << 20)) << 20;
   o.shm.spin_us = parse_int_var(env, "LOOM_COMM_SPIN_US", 50, 0, 1'000'000);
@@ -204,6 +206,16 @@ std::unique_ptr<World> World::join(const JobEnv& job, const CommOptions& options
     auto it = std::find(distinct.begin(), distinct.end(), p);
     ctx->node_of.push_back(static_cast<int>(it - distinct.begin()));
     if (it == distinct.end()) distinct.push_back(p);
+  }
+
+  if (job.world_size > 1) {
+    std::vector<int> here;
+    for (int r = 0; r < job.world_size; ++r)
+      if (ctx->node_of[r] == ctx->node_of[job.rank]) here.push_back(r);
+    if (here.size() > 1)
+      ctx->liveness = PeerLiveness::create(*ctx->store, fmt::format("loom/live/{}", ctx->node_of[job.rank]),
+                                           shm_prefix(*ctx, fmt::format("node{}", ctx->node_of[job.rank])), job.rank,
+                                           here, deadline);
   }
 
   std::unique_ptr<MpiTransport> mpi;

@@ -37,6 +37,7 @@ struct GroupContext {
   std::shared_ptr<Store> store;
   std::vector<int> node_of;  // node index of each global rank
   bool use_mpi = false;      // every group runs on MPI (--comm mpi)
+  std::shared_ptr<const PeerLiveness> liveness;  // which ranks of this node are still running
 };
 
 class World {

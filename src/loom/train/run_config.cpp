@@ -358,6 +358,12 @@ void RunConfig::validate() const {
 
 }
 
+std::vector<std::pair<std::string, std::string>> RunConfig::key_values() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& f : fields()) out.emplace_back(f.key, f.get(*this));
+  return out;
+}
+
 std::string RunConfig::to_toml() const {
   // Top-level keys must come before the first [table] header.
   std::string top, tables, section;

@@ -81,6 +81,8 @@ struct RunConfig {
   void validate() const;
   // The resolved configuration as TOML (written into the run manifest; loadable again).
   std::string to_toml() const;
+  // Every key with its value as a TOML literal, in the registry's order.
+  std::vector<std::pair<std::string, std::string>> key_values() const;
 };
 
 // Parses TOML text, then applies `key=value` overrides in order. `origin` names the text in errors.

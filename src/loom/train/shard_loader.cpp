@@ -140,4 +140,12 @@ std::string ShardLoader::describe() const {
 std::string ShardLoader::tokenizer_file() const { return (dir_ / set_.tokenizer_file).string(); }
 std::string ShardLoader::tokenizer_hash() const { return checksum_hex(set_.tokenizer_hash); }
 
+std::string ShardLoader::identity() const {
+  std::string shards;
+  for (const auto& e : set_.shards)
+    shards += fmt::format("{}:{}:{}:{};", e.file, split_name(e.split), e.tokens, checksum_hex(e.checksum));
+  return fmt::format("shards: tokenizer {}, {} shards ({})", checksum_hex(set_.tokenizer_hash), set_.shards.size(),
+                     checksum_hex(checksum64(shards.data(), shards.size())));
+}
+
 }  // namespace loom::train

@@ -30,6 +30,7 @@ class ShardLoader final : public TokenSource {
   std::string describe() const override;
   std::string tokenizer_file() const override;
   std::string tokenizer_hash() const override;
+  std::string identity() const override;
 
   int64_t vocab_size() const { return set_.vocab_size; }
   int64_t seq_len() const { return seq_len_; }

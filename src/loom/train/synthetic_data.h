@@ -16,6 +16,7 @@ class SyntheticData final : public TokenSource {
   SyntheticData(uint64_t seed, int64_t vocab_size, int64_t seq_len);
   void fill(const Tensor& tokens, const Tensor& targets, int64_t first_sample, Split split) const override;
   std::string describe() const override;
+  std::string identity() const override { return "synthetic"; }
   // Validation samples live at indices disjoint from any training run's.
   static constexpr int64_t kValidationOffset = int64_t{1} << 48;
   // Entropy of the generating process per token (nats): the loss floor a perfect model reaches.

@@ -28,6 +28,9 @@ class TokenSource {
   // checkpoints carry it and refuse to resume on data made with another tokenizer.
   virtual std::string tokenizer_file() const { return ""; }
   virtual std::string tokenizer_hash() const { return ""; }
+  // What the tokens are, as every rank of a job must see it: the tokenizer and the set of shards with
+  // their checksums (the content, not the folder's path), or "synthetic".
+  virtual std::string identity() const = 0;
 };
 
 // Builds the source the config names (data.source). Throws ConfigError / IoError naming the fix.
