@@ -82,3 +82,29 @@ TEST(Safetensors, MalformedHeadersAreRefused) {
   EXPECT_THROW(SafetensorsFile(path.string()), IoError);
   fs::remove(path);
 }
+
+// Found by fuzz/safetensors_fuzz.cpp: the element count of a shape was multiplied in int64 without an
+// overflow check, so [2^62, 4] F32 wrapped to 0 bytes and passed as a tensor with no data.
+TEST(Safetensors, ShapeWhoseSizeOverflowsIsRefused) {
+  auto bytes = [](const std::string& h) {
+    std::vector<char> b(8);
+    const uint64_t len = h.size();
+    std::memcpy(b.data(), &len, 8);
+    b.insert(b.end(), h.begin(), h.end());
+    return b;
+  };
+  for (const char* shape : {"[4611686018427387904, 4]", "[4294967296, 4294967296]", "[9223372036854775807, 3]"}) {
+    const std::string h = std::string(R"({"w": {"dtype": "F32", "shape": )") + shape + R"(, "data_offsets": [0, 0]}})";
+    try {
+      SafetensorsFile f(bytes(h), "hostile.safetensors");
+      FAIL() << shape << " was accepted";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("hostile.safetensors: tensor 'w'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+    }
+  }
+  // A zero-sized dimension still makes an empty tensor, however large the others.
+  SafetensorsFile empty(bytes(R"({"w": {"dtype": "F32", "shape": [0, 4611686018427387904], "data_offsets": [0, 0]}})"),
+                        "empty.safetensors");
+  EXPECT_EQ(empty.at("w").nbytes, 0u);
+}

@@ -61,6 +61,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError("cannot open '" + path + "'");
   bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  parse();
+}
+
+SafetensorsFile::SafetensorsFile(std::vector<char> bytes, std::string origin)
+    : path_(std::move(origin)), bytes_(std::move(bytes)) {
+  parse();
+}
+
+void SafetensorsFile::parse() {
+  const std::string& path = path_;
   if (bytes_.size() < 8) throw IoError(path + ": not a safetensors file (shorter than its 8-byte header length)");
   uint64_t len = 0;
   for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes_[i])) << (8 * i);
@@ -88,21 +98,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     SafetensorsEntry e;
     e.name = name;
     e.dtype = dtype_from_name(v["dtype"].get<std::string>(), where);
-    int64_t n = 1;
+    // Element count and byte size checked for overflow: a shape whose product wraps could otherwise
+    // match a small byte range and pass as a tensor far larger than its data.
+    uint64_t n = 1, bytes = 0;
     for (auto& d : v["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) throw IoError(where + " has an invalid shape");
       e.shape.push_back(d.get<int64_t>());
-      n *= e.shape.back();
+      if (__builtin_mul_overflow(n, static_cast<uint64_t>(e.shape.back()), &n))
+        throw IoError(where + " has a shape " + v["shape"].dump() + " whose element count overflows 64 bits");
     }
+    if (__builtin_mul_overflow(n, dtype_size(e.dtype), &bytes))
+      throw IoError(where + " has a shape " + v["shape"].dump() + " whose byte size overflows 64 bits");
     auto& off = v["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) throw IoError(where + " has invalid data_offsets");
     uint64_t b = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (b > end || end > data_size)
       throw IoError(where + " has data_offsets [" + std::to_string(b) + ", " + std::to_string(end) +
                     ") beyond the data section of " + std::to_string(data_size) + " bytes (truncated file?)");
-    if (end - b != static_cast<uint64_t>(n) * dtype_size(e.dtype))
+    if (end - b != bytes)
       throw IoError(where + " holds " + std::to_string(end - b) + " bytes, but its shape and dtype need " +
-                    std::to_string(static_cast<uint64_t>(n) * dtype_size(e.dtype)));
+                    std::to_string(bytes));
     e.data = bytes_.data() + data_start + b;
     e.nbytes = end - b;
     entries_.push_back(std::move(e));

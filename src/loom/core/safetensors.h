@@ -38,6 +38,8 @@ class SafetensorsFile {
  public:
   // Reads and validates the whole file. Throws IoError naming the file and the bad entry.
   explicit SafetensorsFile(const std::string& path);
+  // The same checks over a file's bytes already in memory; `origin` names them in errors.
+  SafetensorsFile(std::vector<char> bytes, std::string origin);
   const std::vector<SafetensorsEntry>& tensors() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Throws IoError if absent.
@@ -45,6 +47,8 @@ class SafetensorsFile {
   bool contains(const std::string& name) const;
 
  private:
+  void parse();
+
   std::string path_;
   std::vector<char> bytes_;
   std::vector<SafetensorsEntry> entries_;

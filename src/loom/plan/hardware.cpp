@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -36,6 +37,9 @@ double Hardware::peak(const std::string& precision) const {
 
 namespace {
 
+// Far above any real device, link or efficiency figure in its file unit (TFLOP/s, GiB, GB/s, us).
+constexpr double kMaxFigure = 1e12;
+
 struct Reader {
   const toml::table& root;
   const std::string& origin;
@@ -51,7 +55,9 @@ struct Reader {
       return fallback;
     }
     if (auto d = n->value<double>()) {
-      if (*d < 0) throw ConfigError(fmt::format("{}: '{}' = {} must not be negative", origin, path, *d));
+      // A bound keeps every scaled figure (x 1e12 for TFLOP/s) finite, so it prints and parses back.
+      if (!(*d >= 0 && *d <= kMaxFigure))
+        throw ConfigError(fmt::format("{}: '{}' = {} must be a number in [0, {:g}]", origin, path, *d, kMaxFigure));
       return *d;
     }
     throw ConfigError(origin + ": '" + path + "' must be a number");
@@ -95,7 +101,7 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   hw.device.attention_flops = r.number("device.attention_tflops", false) * T;
   if (hw.device.attention_flops < 0) throw ConfigError(origin + ": 'device.attention_tflops' must not be negative");
   double per_node = r.number("node.devices");
-  if (per_node < 1 || per_node != static_cast<int>(per_node))
+  if (per_node < 1 || per_node > (1 << 20) || per_node != std::floor(per_node))  // checked before the cast to int
     throw ConfigError(fmt::format("{}: 'node.devices' = {} must be a positive integer", origin, per_node));
   hw.devices_per_node = static_cast<int>(per_node);
   hw.intra_node = {r.number("intra_node.bandwidth_GBps") * G, r.number("intra_node.latency_us") * 1e-6,
@@ -124,6 +130,15 @@ Hardware load_hardware(const std::string& path) {
   return parse_hardware(ss.str(), path);
 }
 
+namespace {
+// `s` as a TOML string literal: quotes, backslashes and control characters escaped.
+std::string toml_string(const std::string& s) {
+  std::ostringstream o;
+  o << toml::value<std::string>(s);
+  return o.str();
+}
+}  // namespace
+
 std::string hardware_to_toml(const Hardware& hw, const std::string& header,
                              const std::map<std::string, std::string>& notes) {
   auto comment = [](const std::string& text) {
@@ -138,9 +153,9 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   };
   std::string out = comment(header);
   const double T = 1e12, G = 1e9;
-  out += fmt::format("name = \"{}\"\nsource = \"{}\"\n\n", hw.name, hw.source);
+  out += fmt::format("name = {}\nsource = {}\n\n", toml_string(hw.name), toml_string(hw.source));
   out += section("device");
-  out += fmt::format("name = \"{}\"\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", hw.device.name,
+  out += fmt::format("name = {}\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", toml_string(hw.device.name),
                      hw.device.memory_bytes / double(1ull << 30), hw.device.memory_bandwidth / G);
   out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n", hw.device.peak_bf16 / T,
                      hw.device.peak_fp8 / T, hw.device.peak_f32 / T);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <toml++/toml.h>
 
 #include "loom/error.h"
@@ -37,21 +38,9 @@ double flops72(const spec::TransformerConfig& c, double B, double s) {
   return 72 * B * l * s * h * h * (1 + s / (6 * h) + V / (12 * h * l));
 }
 
-struct Row {
-  std::string name;
-  Job job;
-  Fixed fixed;
-};
-
-double get(const toml::table& t, const std::string& key, const std::string& row) {
-  auto v = t[key].value<double>();
-  if (!v) throw ConfigError("validation row '" + row + "': missing number '" + key + "'");
-  return *v;
-}
-
 // The fastest layout with the row's fixed degrees; unstated micro-batch / virtual stages are searched
 // over Megatron's schedules (1F1B, interleaved).
-Candidate plan_row(const Row& r, Recompute rc, bool sp) {
+Candidate plan_row(const ValidationRow& r, Recompute rc, bool sp) {
   Fixed f = r.fixed;
   f.recompute = rc, f.sp = sp, f.zero = 0, f.cp = 1, f.ep = 1;
   std::optional<Candidate> best;
@@ -75,12 +64,6 @@ Candidate plan_row(const Row& r, Recompute rc, bool sp) {
   return *best;
 }
 
-struct ParsedRow {
-  Row r;
-  const toml::table* t;
-  int devices, tp, pp;
-};
-
 struct Throughput {
   size_t line;
   double hw_flops, devices, peak;
@@ -88,40 +71,40 @@ struct Throughput {
 
 // Every row's predictions with each row's GEMM efficiency (`efficiency.gemm_max`) multiplied by
 // `gemm_scale`; the throughput lines are listed in `thr`.
-void evaluate(const std::vector<ParsedRow>& rows, double gemm_scale, ValidationReport& rep, std::vector<Throughput>& thr) {
-  for (const auto& pr : rows) {
-    Row r = pr.r;
+void evaluate(const std::vector<ValidationRow>& rows, double gemm_scale, ValidationReport& rep,
+              std::vector<Throughput>& thr) {
+  for (const auto& row : rows) {
+    ValidationRow r = row;
     r.job.cluster.hw.efficiency.gemm_max *= gemm_scale;
-    const toml::table& t = *pr.t;
-    const int devices = pr.devices, tp = pr.tp, pp = pr.pp;
+    const int devices = r.devices, tp = r.tp, pp = r.pp;
     const auto& c = r.job.model.cfg;
     const double B = static_cast<double>(r.job.global_batch), s = static_cast<double>(r.job.seq);
     const double peak = r.job.cluster.hw.peak(r.job.precision);
 
-    if (auto pub = t["tflops_96"].value<double>()) {
+    if (auto pub = r.tflops_96) {
       Candidate k = plan_row(r, Recompute::Full, false);
       double pred = flops96(c, B, s) / (k.time.total * devices) * 1e-12;
       rep.lines.push_back({r.name, "TFLOP/s per GPU (96*)", k.layout.str(), *pub, pred, 0, true});
       thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
     }
     double full = 0, sel = 0;
-    if (auto pub = t["iteration_full_s"].value<double>()) {
+    if (auto pub = r.iteration_full_s) {
       Candidate k = plan_row(r, Recompute::Full, false);
       full = k.time.total;
       rep.lines.push_back({r.name, "iteration, full recompute (s)", k.layout.str(), *pub, full, 0, true});
       thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
     }
-    if (auto pub = t["iteration_selective_s"].value<double>()) {
+    if (auto pub = r.iteration_selective_s) {
       Candidate k = plan_row(r, Recompute::Selective, true);
       sel = k.time.total;
       rep.lines.push_back({r.name, "iteration, selective + SP (s)", k.layout.str(), *pub, sel, 0, true});
       const double attn_recompute = 4 * B * s * s * c.d_model * c.n_layers;
       thr.push_back({rep.lines.size() - 1, flops72(c, B, s) + attn_recompute, double(devices), peak});
-      if (auto mfu = t["mfu"].value<double>())
+      if (auto mfu = r.mfu)
         rep.lines.push_back({r.name, "MFU (72*)", k.layout.str(), *mfu, flops72(c, B, s) / (sel * devices * peak), 0, false});
     }
     if (full > 0 && sel > 0) {
-      double pub = get(t, "iteration_full_s", r.name) / get(t, "iteration_selective_s", r.name);
+      double pub = *r.iteration_full_s / *r.iteration_selective_s;
       rep.lines.push_back({r.name, "speed-up full -> selective+SP", "", pub, full / sel, 0, false});
       rep.speedup_worst = std::max(rep.speedup_worst, rep.lines.back().error());
     }
@@ -136,7 +119,7 @@ void evaluate(const std::vector<ParsedRow>& rows, double gemm_scale, ValidationR
     auto activations = [&](const Layout& l) {
       return static_cast<double>(c.n_layers) / l.pp * activation_bytes_per_layer(l, r.job) * in_flight_micro_batches(l, r.job);
     };
-    if (auto pub = t["state_GiB"].value<double>()) {
+    if (auto pub = r.state_GiB) {
       Layout l = mem_layout(Recompute::Selective, true);
       StageParams p = stage_params(l, r.job, false);
       StateBytes sb;
@@ -144,18 +127,53 @@ void evaluate(const std::vector<ParsedRow>& rows, double gemm_scale, ValidationR
       rep.lines.push_back({r.name, "weights + grads + optimizer (GiB)", l.str(), *pub, pred, 0, false});
       rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
     }
-    if (auto pub = t["activations_none_GiB"].value<double>()) {
+    if (auto pub = r.activations_none_GiB) {
       Layout l = mem_layout(Recompute::None, false);
       rep.lines.push_back({r.name, "activations, no recompute (GiB)", l.str(), *pub, activations(l) / GiB, 0, false});
       rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
     }
-    if (auto pub = t["activations_selective_GiB"].value<double>()) {
+    if (auto pub = r.activations_selective_GiB) {
       Layout l = mem_layout(Recompute::Selective, true);
       rep.lines.push_back({r.name, "activations, selective + SP (GiB)", l.str(), *pub, activations(l) / GiB, 0, false});
       rep.memory_worst = std::max(rep.memory_worst, rep.lines.back().error());
     }
   }
 }
+
+// Reads a row's keys, naming the file, the row and the key in every error. Counts are integers in
+// [1, kMaxCount]: degrees are cast to int and the planner multiplies batch, sequence and degrees in
+// int64, which must not overflow; 2^24 is far beyond any published run.
+constexpr int64_t kMaxCount = int64_t{1} << 24;
+struct RowReader {
+  const toml::table& t;
+  const std::string& origin;
+  const std::string& row;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw ConfigError(fmt::format("{}: validation row '{}': '{}' {}", origin, row, key, problem));
+  }
+  std::string string(const std::string& key, const std::string& fallback) const {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    if (auto v = n->value_exact<std::string>()) return *v;
+    fail(key, "must be a string");
+  }
+  int64_t integer(const std::string& key, int64_t max) const {
+    const toml::node* n = t.get(key);
+    if (!n) fail(key, "is missing (a positive integer)");
+    auto v = n->value_exact<int64_t>();
+    if (!v || *v < 1 || *v > max) fail(key, fmt::format("must be an integer in [1, {}]", max));
+    return *v;
+  }
+  // A published figure: absent, or a positive finite number.
+  std::optional<double> figure(const std::string& key) const {
+    const toml::node* n = t.get(key);
+    if (!n) return std::nullopt;
+    auto v = n->value<double>();
+    if (!v || !std::isfinite(*v) || *v <= 0) fail(key, "must be a positive number");
+    return v;
+  }
+};
 
 // One fitted global parameter, in sample and left out: `errors[k][i]` is row i's error with the k-th
 // value of the parameter. In sample: the k with the least mean error; leave-one-out: each row predicted
@@ -184,7 +202,8 @@ OneParameterFit fit_one_parameter(const std::vector<std::vector<double>>& errors
 
 }  // namespace
 
-ValidationReport validate(const std::string& text, const std::string& origin, const std::vector<std::string>& dirs) {
+std::vector<ValidationRow> parse_validation(const std::string& text, const std::string& origin,
+                                            const std::vector<std::string>& dirs) {
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -193,35 +212,60 @@ ValidationReport validate(const std::string& text, const std::string& origin, co
   }
   auto* rows = root["row"].as_array();
   if (!rows || rows->empty()) throw ConfigError(origin + ": no [[row]] entries");
-  std::vector<ParsedRow> parsed;
+  std::vector<ValidationRow> parsed;
   for (auto& node : *rows) {
     auto* t = node.as_table();
     if (!t) throw ConfigError(origin + ": [[row]] must be a table");
-    Row r;
+    ValidationRow r;
     r.name = t->at_path("name").value_or(std::string("?"));
-    r.job.model = plan_model(t->at_path("model").value_or(std::string("?")));
-    const int devices = static_cast<int>(get(*t, "devices", r.name));
-    r.job.cluster = resolve_cluster(t->at_path("hardware").value_or(std::string("?")) + ":" + std::to_string(devices), dirs);
-    r.job.seq = static_cast<int64_t>(get(*t, "seq", r.name));
-    r.job.global_batch = static_cast<int64_t>(get(*t, "global_batch", r.name));
-    if (t->at_path("software").value_or(std::string("loom")) == "megatron") {
+    const RowReader in{*t, origin, r.name};
+    try {
+      r.job.model = plan_model(in.string("model", "?"));
+      r.devices = static_cast<int>(in.integer("devices", kMaxCount));
+      r.job.cluster = resolve_cluster(in.string("hardware", "?") + ":" + std::to_string(r.devices), dirs);
+    } catch (const ConfigError& e) {
+      if (std::string_view(e.what()).starts_with(origin)) throw;
+      throw ConfigError(fmt::format("{}: validation row '{}': {}", origin, r.name, e.what()));  // unknown model, hardware
+    }
+    r.job.seq = in.integer("seq", kMaxCount);
+    r.job.global_batch = in.integer("global_batch", kMaxCount);
+    if (in.string("software", "loom") == "megatron") {
       // Megatron-LM 2021-22: materialised attention scores, dropout, no TP overlap. Its "local" DDP
       // all-reduces the fp32 gradient buffer after the last micro-batch (not overlapped); `ddp = "torch"`
       // (PyTorch DDP, SC21's pp = 1 runs) reduces the 16-bit gradients in buckets during backward.
       r.job.software = {.flash_attention = false, .dropout = true, .dp_overlap = false, .tp_overlap = false, .grad_bytes = 4};
-      const std::string ddp = t->at_path("ddp").value_or(std::string("local"));
+      const std::string ddp = in.string("ddp", "local");
       if (ddp == "torch")
         r.job.software.dp_overlap = true, r.job.software.grad_bytes = 2;
       else if (ddp != "local")
-        throw ConfigError("validation row '" + r.name + "': ddp = \"" + ddp + "\" is not \"local\" or \"torch\"");
+        in.fail("ddp", "= \"" + ddp + "\" is not \"local\" or \"torch\"");
     }
-    const int tp = static_cast<int>(get(*t, "tp", r.name)), pp = static_cast<int>(get(*t, "pp", r.name));
-    r.fixed.tp = tp, r.fixed.pp = pp, r.fixed.dp = devices / (tp * pp);
-    if (auto mb = (*t)["micro_batch"].value<int>()) r.fixed.micro_batch = *mb;
-    if (auto v = (*t)["vpp"].value<int>()) r.fixed.vpp = *v;
-    parsed.push_back({std::move(r), t, devices, tp, pp});
+    r.tp = static_cast<int>(in.integer("tp", kMaxCount));
+    r.pp = static_cast<int>(in.integer("pp", kMaxCount));
+    const int64_t tp_pp = int64_t{r.tp} * r.pp;
+    if (r.devices % tp_pp != 0)
+      throw ConfigError(fmt::format("{}: validation row '{}': tp * pp = {} does not divide devices = {}", origin, r.name,
+                                    tp_pp, r.devices));
+    r.fixed.tp = r.tp, r.fixed.pp = r.pp, r.fixed.dp = static_cast<int>(r.devices / tp_pp);
+    if (t->contains("micro_batch")) r.fixed.micro_batch = static_cast<int>(in.integer("micro_batch", kMaxCount));
+    if (t->contains("vpp")) r.fixed.vpp = static_cast<int>(in.integer("vpp", kMaxCount));
+    r.tflops_96 = in.figure("tflops_96");
+    r.iteration_full_s = in.figure("iteration_full_s");
+    r.iteration_selective_s = in.figure("iteration_selective_s");
+    r.mfu = in.figure("mfu");
+    r.state_GiB = in.figure("state_GiB");
+    r.activations_none_GiB = in.figure("activations_none_GiB");
+    r.activations_selective_GiB = in.figure("activations_selective_GiB");
+    parsed.push_back(std::move(r));
   }
+  return parsed;
+}
 
+ValidationReport validate(const std::string& text, const std::string& origin, const std::vector<std::string>& dirs) {
+  return validate(parse_validation(text, origin, dirs));
+}
+
+ValidationReport validate(const std::vector<ValidationRow>& parsed) {
   ValidationReport rep;
   std::vector<Throughput> thr;
   evaluate(parsed, 1.0, rep, thr);

@@ -5,12 +5,25 @@
 // the model's own one global number (the GEMM efficiency) the same way, in sample and leave-one-out.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/plan/layout.h"
+#include "loom/plan/search.h"
 
 namespace loom::plan {
+
+// One [[row]] of a validation file, read and checked: the job and the degrees it fixes, and the
+// published figures it states (an absent one is not predicted).
+struct ValidationRow {
+  std::string name;
+  Job job;
+  Fixed fixed;
+  int devices = 0, tp = 1, pp = 1;
+  std::optional<double> tflops_96, iteration_full_s, iteration_selective_s, mfu;
+  std::optional<double> state_GiB, activations_none_GiB, activations_selective_GiB;
+};
 
 struct ValidationLine {
   std::string row;      // e.g. "SC21 T1 145.6B"
@@ -35,7 +48,12 @@ struct ValidationReport {
   double memory_worst = 0;   // Figure 1
 };
 
-// `hardware_dirs` resolve each row's `hardware` name. Throws ConfigError for malformed rows.
+// `hardware_dirs` resolve each row's `hardware` name. Throws ConfigError for malformed rows, naming
+// `origin`, the row and the key.
+std::vector<ValidationRow> parse_validation(const std::string& toml_text, const std::string& origin,
+                                            const std::vector<std::string>& hardware_dirs);
+ValidationReport validate(const std::vector<ValidationRow>& rows);
+// parse_validation, then validate.
 ValidationReport validate(const std::string& toml_text, const std::string& origin,
                           const std::vector<std::string>& hardware_dirs);
 ValidationReport validate_file(const std::string& path, const std::vector<std::string>& hardware_dirs);

@@ -17,6 +17,7 @@
 #include "loom/core/file_writer.h"
 #include "loom/core/safetensors.h"
 #include "loom/error.h"
+#include "loom/train/checkpoint_manifest.h"
 
 namespace loom::train {
 
@@ -24,9 +25,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-constexpr const char* kFormat = "loom-checkpoint";
-constexpr int kVersion = 1;
 
 // Crash injection for the tests that kill a save at each phase: LOOM_FAULT_INJECT=<phase> or
 // bytes:<N> ends the process on the spot (like SIGKILL: no unwinding, no cleanup).
@@ -41,16 +39,6 @@ uint64_t fault_byte_limit() {
 }
 
 std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
-
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw IoError("cannot read '" + p.string() + "'");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw IoError("'" + p.string() + "' is not valid JSON (" + e.what() + "): the checkpoint is damaged");
-  }
-}
 
 std::string new_run_id() {
   std::random_device rd;
@@ -98,7 +86,7 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resumin
   // The folder is created by the first save: a run that never saves leaves nothing behind.
   std::error_code ec;
   if (resuming) {
-    if (auto l = latest()) run_id_ = read_json(fs::path(*l) / "manifest.json").value("run_id", "");
+    if (auto l = latest()) run_id_ = read_checkpoint_manifest(*l).run_id;
   } else if (holds_checkpoints(dir_)) {
     throw ConfigError("checkpoint.dir '" + dir_ + "' already holds checkpoints of another run; pass --resume to " +
                       "continue that run, or choose another --save-dir (nothing was overwritten)");
@@ -147,8 +135,8 @@ std::string CheckpointManager::save(Trainer& trainer, int64_t step) {
       tokenizer = {{"file", "tokenizer.model"}, {"hash", data.tokenizer_hash()}};
     }
     const auto& cfg = trainer.config();
-    json manifest{{"format", kFormat},
-                  {"version", kVersion},
+    json manifest{{"format", kCheckpointFormat},
+                  {"version", kCheckpointVersion},
                   {"step", step},
                   {"run_id", run_id_},
                   {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
@@ -195,7 +183,7 @@ void CheckpointManager::prune(const std::string& just_saved) {
   for (auto& e : fs::directory_iterator(dir_, ec)) {
     if (e.path().filename().string().rfind("step-", 0) != 0) continue;
     try {
-      if (read_json(e.path() / "manifest.json").value("run_id", "") == run_id_) ours.push_back(e.path());
+      if (read_checkpoint_manifest(e.path().string()).run_id == run_id_) ours.push_back(e.path());
     } catch (const Error&) {
       // Not ours to judge: a damaged or foreign folder is left alone.
     }
@@ -218,24 +206,24 @@ void copy_overlap(float* dst, const spec::ArenaRange& r, const spec::ParamSpec& 
 // Copies every tensor the manifest lists into the parameter (and, when given, optimizer) arenas,
 // verifying shape and checksum first; a damaged tensor is named and nothing is half-trusted.
 // weights_kept: the arena ranges whose weights this rank holds (a ZeRO-3 shard); empty means all.
-void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& params, AdamW* adam,
+void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::ParameterStore& params, AdamW* adam,
                   std::span<const spec::ArenaRange> weights_kept = {}) {
   SafetensorsFile model((dir / "model.safetensors").string());
   std::optional<SafetensorsFile> opt;
   if (adam) opt.emplace((dir / "optimizer.safetensors").string());
   size_t model_tensors = 0, optimizer_tensors = 0;
-  for (auto& entry : m.at("tensors")) {
-    const std::string key = entry.at("name"), param = entry.at("param"), file = entry.at("file");
-    const bool is_model = file == "model.safetensors";
+  for (const auto& entry : m.tensors) {
+    const std::string& key = entry.name;
+    const bool is_model = entry.model;
     if (!is_model && !adam) continue;
     model_tensors += is_model;
     optimizer_tensors += !is_model;
-    const auto& spec = params.table().at(param);
+    const auto& spec = params.table().at(entry.param);
     const auto& e = is_model ? model.at(key) : opt->at(key);
     if (e.dtype != DType::F32 || e.shape != spec.shape)
       throw IoError("checkpoint tensor '" + key + "' has shape " + json(e.shape).dump() + ", the model expects " +
                     json(spec.shape).dump());
-    if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.at("checksum").get<std::string>())
+    if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.checksum)
       throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
                     "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
     if (is_model) {
@@ -261,21 +249,18 @@ void load_tensors(const fs::path& dir, const json& m, model::ParameterStore& par
 
 RunConfig checkpoint_config(const std::string& path) {
   const fs::path dir = resolve_checkpoint(path);
-  json m = read_json(dir / "manifest.json");
-  if (m.value("format", "") != kFormat) throw IoError("'" + dir.string() + "' is not a Loom checkpoint");
-  return parse_run_config(m.at("config_toml").get<std::string>(), dir.string() + "/manifest.json");
+  return parse_run_config(read_checkpoint_manifest(dir.string()).config_toml, dir.string() + "/manifest.json");
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {
   const fs::path dir = resolve_checkpoint(path);
-  json m = read_json(dir / "manifest.json");
-  if (!m.contains("tokenizer") || !m["tokenizer"].is_object()) return "";
-  return (dir / m["tokenizer"].value("file", "tokenizer.model")).string();
+  const auto m = read_checkpoint_manifest(dir.string());
+  return m.tokenizer ? (dir / m.tokenizer->file).string() : "";
 }
 
 void load_model_weights(const std::string& path, model::ParameterStore& params) {
   const fs::path dir = resolve_checkpoint(path);
-  load_tensors(dir, read_json(dir / "manifest.json"), params, nullptr);
+  load_tensors(dir, read_checkpoint_manifest(dir.string()), params, nullptr);
   params.refresh_lowp();
 }
 
@@ -291,11 +276,12 @@ std::string resolve_checkpoint(const std::string& path) {
 
 ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
   const fs::path dir = resolve_checkpoint(path);
-  json m = read_json(dir / "manifest.json");
-  if (m.value("format", "") != kFormat || m.value("version", 0) != kVersion)
-    throw IoError("'" + dir.string() + "' is not a Loom checkpoint of version " + std::to_string(kVersion));
+  const CheckpointManifest m = read_checkpoint_manifest(dir.string());
+  if (m.version != kCheckpointVersion)
+    throw IoError("'" + dir.string() + "' is a Loom checkpoint of version " + std::to_string(m.version) +
+                  "; this build reads version " + std::to_string(kCheckpointVersion));
   const auto& cfg = trainer.config();
-  RunConfig saved = parse_run_config(m.at("config_toml").get<std::string>(), dir.string() + "/manifest.json");
+  RunConfig saved = parse_run_config(m.config_toml, dir.string() + "/manifest.json");
   ResumeReport report;
   // The model and layout must match exactly: tensors are read by name and shape.
   if (saved.model.resolved.arch != cfg.model.resolved.arch || saved.to_toml() != cfg.to_toml()) {
@@ -320,9 +306,8 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
     }
   }
   const auto& data = trainer.data();
-  if (m.contains("tokenizer") && m["tokenizer"].is_object() &&
-      m["tokenizer"].value("hash", "") != data.tokenizer_hash())
-    throw ConfigError("checkpoint '" + dir.string() + "' was trained with tokenizer " + m["tokenizer"].value("hash", "") +
+  if (m.tokenizer && m.tokenizer->hash != data.tokenizer_hash())
+    throw ConfigError("checkpoint '" + dir.string() + "' was trained with tokenizer " + m.tokenizer->hash +
                       ", but the data now uses " + (data.tokenizer_hash().empty() ? "none" : data.tokenizer_hash()) +
                       "; resume on data prepared with the checkpoint's tokenizer");
 
@@ -330,8 +315,8 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
   auto& adam = trainer.optimizer();
   load_tensors(dir, m, params, &adam, trainer.weights_held());
   trainer.weights_changed();
-  adam.restore_steps(m.at("optimizer").at("steps").get<int64_t>());
-  report.step = m.at("step").get<int64_t>();
+  adam.restore_steps(m.optimizer_steps);
+  report.step = m.step;
   trainer.set_start_step(report.step);
   return report;
 }

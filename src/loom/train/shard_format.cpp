@@ -131,33 +131,9 @@ MappedShard::~MappedShard() {
   if (base_) ::munmap(const_cast<unsigned char*>(base_), mapped_bytes_);
 }
 
-MappedShard MappedShard::open(const fs::path& path, const ShardExpectation& expect) {
-  MappedShard s;
-  s.path_ = path;
-  {
-    // The descriptor is only needed until the mapping exists.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) refuse(path, std::string("cannot be opened (") + std::strerror(errno) + ")", kRedo);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      refuse(path, std::string("cannot be examined (") + std::strerror(e) + ")", kRedo);
-    }
-    const auto size = static_cast<uint64_t>(st.st_size);
-    if (size == 0) {
-      ::close(fd);
-      refuse(path, "is empty (0 bytes)", kRedo);
-    }
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int e = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) refuse(path, std::string("cannot be memory-mapped (") + std::strerror(e) + ")", kRedo);
-    s.base_ = static_cast<const unsigned char*>(p);
-    s.mapped_bytes_ = size;
-  }
-  const unsigned char* b = s.base_;
-  const uint64_t size = s.mapped_bytes_;
+ShardHeader check_shard(const fs::path& path, std::span<const unsigned char> bytes, const ShardExpectation& expect) {
+  const unsigned char* b = bytes.data();
+  const uint64_t size = bytes.size();
   if (size < kShardHeaderBytes)
     refuse(path,
            "is truncated: " + std::to_string(size) + " bytes, shorter than the " + std::to_string(kShardHeaderBytes) +
@@ -166,7 +142,7 @@ MappedShard MappedShard::open(const fs::path& path, const ShardExpectation& expe
   if (std::memcmp(b, kShardMagic, sizeof(kShardMagic)) != 0)
     refuse(path, "is not a Loom token shard (its first 8 bytes are not \"LOOMTOKS\")",
            "point data.dir at a folder written by `loom prepare`");
-  ShardHeader& h = s.header_;
+  ShardHeader h;
   h.version = get<uint32_t>(b, kOffVersion);
   if (h.version != kShardVersion)
     refuse(path,
@@ -226,6 +202,35 @@ MappedShard MappedShard::open(const fs::path& path, const ShardExpectation& expe
   if (top >= h.vocab_size)
     refuse(path, "holds token " + std::to_string(top) + ", outside its vocabulary of " + std::to_string(h.vocab_size),
            kRedo);
+  return h;
+}
+
+MappedShard MappedShard::open(const fs::path& path, const ShardExpectation& expect) {
+  MappedShard s;
+  s.path_ = path;
+  {
+    // The descriptor is only needed until the mapping exists.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) refuse(path, std::string("cannot be opened (") + std::strerror(errno) + ")", kRedo);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      refuse(path, std::string("cannot be examined (") + std::strerror(e) + ")", kRedo);
+    }
+    const auto size = static_cast<uint64_t>(st.st_size);
+    if (size == 0) {
+      ::close(fd);
+      refuse(path, "is empty (0 bytes)", kRedo);
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int e = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) refuse(path, std::string("cannot be memory-mapped (") + std::strerror(e) + ")", kRedo);
+    s.base_ = static_cast<const unsigned char*>(p);
+    s.mapped_bytes_ = size;
+  }
+  s.header_ = check_shard(path, {s.base_, s.mapped_bytes_}, expect);
   return s;
 }
 

@@ -45,6 +45,11 @@ struct ShardExpectation {
   std::optional<Split> split;
 };
 
+// Validates a whole shard's bytes (header and tokens) as MappedShard::open does and returns its
+// header; `path` names the shard in errors. Throws IoError naming the file, the problem and the fix.
+ShardHeader check_shard(const std::filesystem::path& path, std::span<const unsigned char> bytes,
+                        const ShardExpectation& expect = {});
+
 // A read-only, memory-mapped, validated shard. Move-only; unmaps on
 // destruction.
 class MappedShard {

@@ -48,6 +48,8 @@ struct ShardSet {
 void write_shard_set(const std::filesystem::path& dir, const ShardSet& set);
 // Reads and checks manifest.json. Throws IoError naming the file and the fix.
 ShardSet read_shard_set(const std::filesystem::path& dir);
+// The checks of read_shard_set over the manifest's text; `path` names it in errors.
+ShardSet parse_shard_set(const std::string& text, const std::filesystem::path& path);
 
 const char* split_name(Split s);
 

@@ -1,0 +1,103 @@
+#include "loom/train/checkpoint_manifest.h"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loom/error.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Typed field access that names the file and the key; nlohmann's own get<>() converts a float to an
+// integer without a range check (undefined behaviour for 1e300), so integers are checked here.
+struct Fields {
+  const std::string& origin;
+
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw IoError("checkpoint manifest '" + origin + "': " + problem + ": the checkpoint is damaged");
+  }
+  const json& at(const json& j, const char* key, const std::string& where) const {
+    if (!j.is_object()) fail(where + " is not a JSON object");
+    auto it = j.find(key);
+    if (it == j.end()) fail(where + " lacks '" + key + "'");
+    return *it;
+  }
+  std::string string(const json& v, const std::string& what) const {
+    if (!v.is_string()) fail(what + " is not a string");
+    return v.get<std::string>();
+  }
+  int64_t count(const json& v, const std::string& what) const {
+    if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) &&
+        v.get<int64_t>() >= 0)
+      return v.get<int64_t>();
+    fail(what + " is " + v.dump() + ", not a non-negative integer");
+  }
+};
+
+// A file the manifest names must stay inside the checkpoint folder.
+bool plain_name(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+}  // namespace
+
+CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& origin) {
+  const Fields f{origin};
+  json m;
+  try {
+    m = json::parse(text);
+  } catch (const json::exception& e) {
+    throw IoError("'" + origin + "' is not valid JSON (" + e.what() + "): the checkpoint is damaged");
+  }
+  if (!m.is_object() || !m.contains("format") || m["format"] != kCheckpointFormat)
+    throw IoError("'" + origin + "' is not a Loom checkpoint manifest (format is not \"" + kCheckpointFormat + "\")");
+  CheckpointManifest out;
+  out.version = f.count(f.at(m, "version", "the manifest"), "version");
+  out.step = f.count(f.at(m, "step", "the manifest"), "step");
+  if (m.contains("run_id")) out.run_id = f.string(m["run_id"], "run_id");
+  out.optimizer_steps = f.count(f.at(f.at(m, "optimizer", "the manifest"), "steps", "optimizer"), "optimizer.steps");
+  if (m.contains("tokenizer") && !m["tokenizer"].is_null()) {
+    const json& t = m["tokenizer"];
+    if (!t.is_object()) f.fail("tokenizer is neither null nor an object");
+    CheckpointTokenizer tok{"tokenizer.model", ""};
+    if (t.contains("file")) tok.file = f.string(t["file"], "tokenizer.file");
+    if (!plain_name(tok.file)) f.fail("tokenizer.file '" + tok.file + "' is not a file in the checkpoint folder");
+    tok.hash = f.string(f.at(t, "hash", "tokenizer"), "tokenizer.hash");
+    out.tokenizer = std::move(tok);
+  }
+  out.config_toml = f.string(f.at(m, "config_toml", "the manifest"), "config_toml");
+  const json& tensors = f.at(m, "tensors", "the manifest");
+  if (!tensors.is_array()) f.fail("tensors is not an array");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const json& e = tensors[i];
+    const std::string where = "tensors[" + std::to_string(i) + "]";
+    CheckpointTensorEntry t;
+    t.name = f.string(f.at(e, "name", where), where + ".name");
+    t.param = f.string(f.at(e, "param", where), where + ".param");
+    const std::string file = f.string(f.at(e, "file", where), where + ".file");
+    if (file != "model.safetensors" && file != "optimizer.safetensors")
+      f.fail(where + ".file is '" + file + "' (valid: model.safetensors, optimizer.safetensors)");
+    t.model = file == "model.safetensors";
+    t.checksum = f.string(f.at(e, "checksum", where), where + ".checksum");
+    out.tensors.push_back(std::move(t));
+  }
+  return out;
+}
+
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  std::ifstream in(path);
+  if (!in) throw IoError("cannot read '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_checkpoint_manifest(text.str(), path);
+}
+
+}  // namespace loom::train
