@@ -397,7 +397,7 @@ TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("tp=2 pp=1 cp=1 ep=1 is not supported yet"));
   r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.zero=4");
-  EXPECT_THAT(r.err, HasSubstr("parallel.zero = 4 is not a ZeRO stage"));
+  EXPECT_THAT(r.err, HasSubstr("parallel.zero = 4 is out of range: it must be in [0, 3]"));
   r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.zero_release=soon");
   EXPECT_THAT(r.err, HasSubstr("parallel.zero_release = \"soon\" is not a release mode (\"lazy\" or \"eager\")"));
 }
