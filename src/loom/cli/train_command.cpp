@@ -225,7 +225,8 @@ int run_train(const TrainOptions& o) {
     fmt::print(stderr, "{}{}{}", tty ? "\r\033[K" : "", line, keep ? "\n" : "");
     return true;
   });
-  const std::string stopped_by = preempted ? "SIG" + std::string(sigabbrev_np(stop_signal)) : "";
+  const char* abbrev = preempted ? sigabbrev_np(stop_signal) : nullptr;
+  const std::string stopped_by = !preempted ? "" : abbrev ? "SIG" + std::string(abbrev) : fmt::format("signal {}", stop_signal);
   if (preempted)
     say(fmt::format("stopped by {} after step {} of {}, saved as step {}; resume with --resume (checkpoint.dir = {})",
                     stopped_by, last_step, cfg.train.steps, last_saved, cfg.checkpoint.dir));
