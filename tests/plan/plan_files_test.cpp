@@ -63,7 +63,7 @@ TEST(HardwareFile, NamesWithQuotesAndControlCharactersRoundTrip) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("LOOM_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  std::string name = "a\"b\\c\nd\re\tf";
+  std::string name = "\na\"b\\c\nd\re\tf";  // a leading newline too: a multi-line string would drop it
   for (int i = 0; i < 16; ++i) name.push_back(static_cast<char>(1 + rng() % 127));  // ASCII, controls included
   Hardware hw = parse_hardware(kHardware, "h.toml");
   hw.name = hw.source = hw.device.name = name;

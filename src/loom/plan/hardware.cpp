@@ -131,11 +131,19 @@ Hardware load_hardware(const std::string& path) {
 }
 
 namespace {
-// `s` as a TOML string literal: quotes, backslashes and control characters escaped.
+// `s` as a TOML basic string: quotes, backslashes and control characters escaped. Not toml++'s printer:
+// it writes "\n" as a multi-line literal string, whose first newline a reader drops (found by the fuzzer).
 std::string toml_string(const std::string& s) {
-  std::ostringstream o;
-  o << toml::value<std::string>(s);
-  return o.str();
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\', out += static_cast<char>(c);
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\u{:04x}", c);
+    else
+      out += static_cast<char>(c);
+  }
+  return out + "\"";
 }
 }  // namespace
 
