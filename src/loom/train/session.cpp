@@ -1,0 +1,249 @@
+#include "loom/train/session.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/world.h"
+#include "loom/error.h"
+#include "loom/kernels/cpu_backend.h"
+#include "loom/kernels/peak_probe.h"
+#include "loom/parallel/mesh.h"
+#include "loom/parallel/trace_merge.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/preemption.h"
+#include "loom/train/rank_agreement.h"
+#include "loom/train/run_log.h"
+
+namespace loom::train {
+
+namespace {
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Every rank's memory by category, at rest (live after the last step) and at peak, as a table.
+std::string memory_table(const Allocator& alloc, comm::ProcessGroup& world) {
+  std::vector<uint64_t> mine;
+  for (int c = 0; c < kMemCategoryCount; ++c) {
+    mine.push_back(alloc.stats(static_cast<MemCategory>(c)).live);
+    mine.push_back(alloc.stats(static_cast<MemCategory>(c)).peak);
+  }
+  std::vector<uint64_t> all(mine.size() * static_cast<size_t>(world.size()));
+  world.all_gather(mine.data(), all.data(), mine.size(), DType::I64).wait();
+  std::string table = "memory per rank, MiB at rest / peak:\n  rank";
+  for (int c = 0; c < kMemCategoryCount; ++c) table += fmt::format(" {:>17}", mem_category_name(static_cast<MemCategory>(c)));
+  for (int r = 0; r < world.size(); ++r) {
+    table += fmt::format("\n  {:>4}", r);
+    for (int c = 0; c < kMemCategoryCount; ++c) {
+      const uint64_t* v = all.data() + r * mine.size() + 2 * c;
+      table += fmt::format(" {:>8.1f} / {:>6.1f}", v[0] / 1048576.0, v[1] / 1048576.0);
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+SessionSummary Session::run() {
+  const RunConfig& cfg = cfg_;
+  const SessionOptions& o = options_;
+  // A multi-rank job (loom run, mpirun, srun): join it and lay the ranks out on the mesh. Rank 0 speaks,
+  // logs and saves; the replicas it stands for hold the same state.
+  const comm::JobEnv job = comm::read_job_env();
+  const parallel::MeshShape shape{static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.dp),
+                                  static_cast<int>(cfg.parallel.cp), static_cast<int>(cfg.parallel.tp)};
+  parallel::validate_mesh(shape, job.world_size);  // before any work: the layout must fit the job
+  Allocator alloc;
+  std::unique_ptr<comm::World> world;
+  std::unique_ptr<parallel::Mesh> mesh;
+  if (job.world_size > 1) {
+    world = comm::World::join(job, comm::comm_options_from_env(comm::current_environment()), &alloc);
+    mesh = std::make_unique<parallel::Mesh>(shape, *world);
+  }
+  SessionSummary sum;
+  sum.lead = job.rank == 0;
+  sum.threads = o.threads;
+  auto say = [&](const std::string& line) {
+    if (sum.lead) out_.note(line);
+  };
+
+  profile::Tracer tracer(!cfg.trace.file.empty() ? profile::Tracer::Mode::Full
+                         : cfg.trace.summary    ? profile::Tracer::Mode::Summary
+                                                : profile::Tracer::Mode::Off,
+                         job.rank);
+  kernels::CpuBackend backend(alloc, &tracer, o.threads);
+  RunIdentity id{o.version, o.commit, backend.describe(), o.threads, 0, ""};
+  say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
+  const auto& m = cfg.model.resolved;
+  const auto table = spec::build_param_table(m);
+  // Before any work: every rank runs the same build, config, model and layout (else one line naming what
+  // differs, instead of replicas that silently diverge).
+  if (world)
+    check_ranks_agree(world->group(), run_facts(cfg, table, world->size(), fmt::format("{} ({})", id.version, id.commit)),
+                      "the run");
+  say(fmt::format("model {} ({}): {:.2f} M parameters, L={} C={} H={} KV={} V={} | {} | batch {} x {} tokens (micro {})",
+                  cfg.model.preset, spec::arch_name(m.arch), table.total_numel() * 1e-6, m.n_layers, m.d_model,
+                  m.n_heads, m.n_kv_heads, m.vocab_size, model::precision_name(cfg.precision), cfg.train.batch_size,
+                  cfg.seq_len(), cfg.micro_batch()));
+  const DType peak_type = cfg.precision == model::Precision::BF16 ? DType::BF16 : DType::F32;
+  auto peak = kernels::device_peak_flops(peak_type, o.threads);
+  id.peak_flops = peak.flops_per_s;
+  id.peak_source = peak.source;
+  sum.peak_flops = peak.flops_per_s;
+  say(fmt::format("device peak {} GEMM {:.1f} GFLOP/s ({})", dtype_name(peak_type), peak.flops_per_s * 1e-9, peak.source));
+  if (world)
+    say(fmt::format("job: {} ranks ({}) on {} node(s), {} transport, mesh {}", world->size(),
+                    comm::launcher_name(job.launcher), world->nodes(), world->group().transport_name(), shape.str()));
+
+  const bool resuming = o.resume || !o.resume_from.empty();
+  std::optional<MetricsLog> log;
+  if (sum.lead) {
+    write_run_manifest(cfg.train.out_dir, cfg, id);
+    log.emplace(cfg.train.out_dir, /*append=*/resuming);
+  }
+  Trainer trainer(cfg, backend, peak.flops_per_s, mesh ? mesh->group(spec::MeshAxis::DP) : nullptr);
+  say("data: " + trainer.data().describe());
+  if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");
+  if (o.check_replicas > 0 && trainer.zero_stage() == 3)
+    say("note: --check-replicas has nothing to compare under parallel.zero = 3 (no state is replicated); skipped");
+  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming);
+  if (resuming) {
+    std::string from = !o.resume_from.empty() ? o.resume_from : checkpoints.latest().value_or("");
+    if (from.empty())
+      throw IoError("--resume: no checkpoint in '" + cfg.checkpoint.dir + "' (its `latest` file is missing); " +
+                    "train without --resume, or point --resume-from at a checkpoint");
+    auto report = load_checkpoint(from, trainer);
+    say(fmt::format("resumed from {} at step {}", resolve_checkpoint(from), report.step));
+    if (!report.changed_keys.empty()) {
+      std::string keys;
+      for (auto& k : report.changed_keys) keys += (keys.empty() ? "" : ", ") + k;
+      say("note: these keys differ from the checkpoint's, so the run will not reproduce the original: " + keys);
+    }
+  }
+  sum.last_step = sum.saved_step = trainer.start_step();
+  if (trainer.start_step() >= cfg.train.steps) {
+    say(fmt::format("the run is already complete at step {} (train.steps = {}); raise train.steps to train further",
+                    trainer.start_step(), cfg.train.steps));
+    sum.already_complete = true;
+    return sum;
+  }
+  install_preemption_handlers();
+
+  std::vector<double> tps, mfus, exposed, comm_cpu, step_s;
+  // The first steps pay for primitive creation and page faults; exclude them from the summary.
+  const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
+  const bool progress = sum.lead && out_.wants_progress();
+  trainer.run([&](const StepMetrics& s) {
+    if (log) log->write(s);
+    // The summary describes the last step that ran, also when a signal ends the run after it.
+    sum.last_step = s.step;
+    sum.final_loss = s.loss;
+    if (s.val_loss) sum.val_loss = s.val_loss;
+    if (o.check_replicas > 0 && s.step % o.check_replicas == 0) trainer.check_replicas(s.step);
+    // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
+    const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
+    const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
+    sum.stop_signal = preemption_signal();
+    if (world) {
+      // Ranks may see a signal at different steps: all stop after the same one, or the early ones would
+      // leave the others waiting in the next step's collectives. The signal travels too, so every rank
+      // reports (and exits with) the one that came.
+      int32_t flag = sum.stop_signal;
+      world->group().all_reduce(&flag, &flag, 1, DType::I32, comm::ReduceOp::kMax).wait();
+      sum.stop_signal = flag;
+    }
+    const bool preempted = sum.stop_signal != 0;
+    if (periodic || final || preempted) {
+      // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
+      trainer.gather_full_state();
+      if (sum.lead) say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+      trainer.release_full_state();
+      // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
+      // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save.
+      if (world) world->group().barrier(comm::kSaveTimeout).wait();
+      sum.saved_step = s.step;
+    }
+    if (preempted) return false;
+    if (s.step > warmup) {
+      tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
+      exposed.push_back(s.exposed_comm_seconds), comm_cpu.push_back(s.comm_cpu_seconds), step_s.push_back(s.step_seconds);
+    }
+    if (s.step == warmup) tracer.reset_stats();
+    if (!progress || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
+    double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step - trainer.start_step()));
+    out_.progress(fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
+                              s.step, std::to_string(s.total_steps).size(), s.total_steps, s.loss,
+                              s.val_loss ? fmt::format(" | val {:.4f}", *s.val_loss) : "", s.lr, s.grad_norm,
+                              s.tokens_per_s, 100.0 * s.mfu, duration(eta)),
+                  s.val_loss.has_value() || s.step == s.total_steps);
+    return true;
+  });
+  const bool preempted = sum.stop_signal != 0;
+  if (preempted) {
+    const char* abbrev = sigabbrev_np(sum.stop_signal);
+    sum.stopped_by = abbrev ? "SIG" + std::string(abbrev) : fmt::format("signal {}", sum.stop_signal);
+    say(fmt::format("stopped by {} after step {} of {}, saved as step {}; resume with --resume (checkpoint.dir = {})",
+                    sum.stopped_by, sum.last_step, cfg.train.steps, sum.saved_step, cfg.checkpoint.dir));
+  }
+
+  double wall = 0, declared = 0;
+  for (auto& [name, st] : tracer.stats()) {
+    if (name == "step" || name == "eval") wall += st.seconds;
+    if (st.category == profile::Category::Gemm || st.category == profile::Category::Kernel) declared += st.flops;
+  }
+  sum.tokens_per_s = median(tps);
+  sum.mfu = median(mfus);
+  sum.hfu = wall > 0 && peak.flops_per_s > 0 ? declared / wall / peak.flops_per_s : 0;
+  sum.peak_bytes = alloc.total().peak;
+  for (int c = 0; c < kMemCategoryCount; ++c) {
+    const auto cat = static_cast<MemCategory>(c);
+    sum.peak_bytes_by_category[std::string(mem_category_name(cat))] = alloc.stats(cat).peak;
+    sum.live_bytes_by_category[std::string(mem_category_name(cat))] = alloc.stats(cat).live;
+  }
+  if (trainer.zero_stage() >= 1) sum.on_demand_resident_bytes = trainer.on_demand_resident_bytes();
+  say(fmt::format("{}: step {} | loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
+                  preempted ? "stopped" : "done", sum.last_step, sum.final_loss,
+                  sum.val_loss ? fmt::format(" | val {:.4f}", *sum.val_loss) : "", sum.tokens_per_s, 100 * sum.mfu,
+                  100 * sum.hfu, sum.peak_bytes / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
+  if (world && !step_s.empty())
+    say(fmt::format("data-parallel communication per step (median): exposed {:.1f} ms ({:.1f}% of the step), "
+                    "communication CPU {:.1f} ms",
+                    1e3 * median(exposed), 100 * median(exposed) / median(step_s), 1e3 * median(comm_cpu)));
+  if (world) {
+    const std::string t = memory_table(alloc, world->group());  // collective: every rank takes part
+    say(t);
+  }
+  if (sum.mfu > 1.0)
+    say(fmt::format("note: MFU above 100% means the device peak ({}) is too low -- it was probably measured on a busy "
+                    "machine; run `loom info --remeasure` on an idle one", peak.source));
+  if (tracer.on() && wall > 0) say(profile::format_breakdown(profile::breakdown(tracer, wall)));
+  if (!cfg.trace.file.empty() && world) {
+    // One trace for the job: every rank a process, clocks aligned to rank 0's.
+    parallel::write_merged_trace(tracer, world->group(), cfg.trace.file);
+    say(fmt::format("trace of all {} ranks written to {} (open in https://ui.perfetto.dev)", world->size(),
+                    cfg.trace.file));
+  } else if (!cfg.trace.file.empty()) {
+    tracer.write_chrome_trace(cfg.trace.file);
+    say("trace written to " + cfg.trace.file + " (open in https://ui.perfetto.dev)");
+  }
+  return sum;
+}
+
+}  // namespace loom::train
