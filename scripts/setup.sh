@@ -13,6 +13,7 @@ packages=(
   libfmt-dev                       # GCC 12's libstdc++ has no <format>
   libssl-dev                       # HMAC-SHA256: job ids and fingerprints derived from the job secret
   clang libclang-rt-14-dev         # libFuzzer targets under fuzz/ (ASan/UBSan runtimes)
+  libomp-14-dev                    # OpenMP for clang: the fuzz build configures the whole project
   libopenmpi-dev openmpi-bin      # MPI transport between nodes; the baseline of `loom bench comm`
   libsentencepiece-dev             # BPE tokenizer training and encoding (loom prepare)
   fortunes                         # the default training corpus (text files under /usr/share/games/fortunes)
