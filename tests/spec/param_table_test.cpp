@@ -93,3 +93,119 @@ TEST(ModelFlops, CountsSixTimesDenseParametersPlusCausalAttention) {
   double expected = 6.0 * (t.non_embedding_numel() + c.vocab_size * c.d_model) + 6.0 * c.n_layers * 256 * c.d_model;
   EXPECT_DOUBLE_EQ(model_flops_per_token(c, 256), expected);
 }
+
+// ---- tensor-parallel shards of the table -------------------------------------------------------------
+
+namespace {
+// How often each element of the whole tensor `name` is held by the tp ranks' shards.
+std::vector<int> coverage(const TransformerConfig& c, int tp, const std::string& name) {
+  const auto whole = build_param_table(c);
+  std::vector<int> seen(static_cast<size_t>(whole.at(name).numel()), 0);
+  for (int r = 0; r < tp; ++r) {
+    const auto t = build_param_table(c, TableShard{r, tp});
+    const auto& p = t.at(name);
+    EXPECT_EQ(p.global_shape, whole.at(name).shape) << name;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const int64_t g = t.global_element(p, i);
+      if (g >= 0) ++seen.at(static_cast<size_t>(g));
+    }
+  }
+  return seen;
+}
+}  // namespace
+
+TEST(ParamTableShard, ColumnAndRowParallelTensorsHaveLocalShapesAndKeepTheirGlobalOnes) {
+  const auto c = preset("tiny");  // C = 64, H = 4, d_ff = 256, V = 512
+  const auto t = build_param_table(c, TableShard{1, 2});
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{96, 64}));
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_attn.weight").global_shape, (std::vector<int64_t>{192, 64}));
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_attn.bias").shape, (std::vector<int64_t>{96}));
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_proj.weight").shape, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_proj.bias").shape, (std::vector<int64_t>{64}));  // after the reduction
+  EXPECT_EQ(t.at("transformer.h.0.mlp.c_fc.weight").shape, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(t.at("transformer.h.0.mlp.c_proj.weight").shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(t.at("transformer.wte.weight").shape, (std::vector<int64_t>{256, 64}));  // vocabulary-parallel
+  EXPECT_EQ(t.at("transformer.wpe.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_TRUE(t.at("transformer.h.0.ln_1.weight").placement.is_replicated());
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_proj.weight").placement.str(), "tp:Shard(1)");
+  EXPECT_EQ(t.at("transformer.h.0.attn.c_attn.weight").placement.str(), "tp:Shard(0, 3 blocks)");
+  // The whole-model table is what it always was.
+  const auto whole = build_param_table(c);
+  EXPECT_EQ(whole.at("transformer.h.0.attn.c_attn.weight").shape, whole.at("transformer.h.0.attn.c_attn.weight").global_shape);
+}
+
+TEST(ParamTableShard, EveryGlobalElementIsHeldByExactlyOneTpRank) {
+  for (const char* name : {"tiny", "tiny-llama"})
+    for (int tp : {2, 4}) {
+      const auto c = preset(name);
+      const auto first = build_param_table(c, TableShard{0, tp});
+      for (const auto& p : first.params()) {
+        // Replicated over some ranks on purpose (KV heads at tp > n_kv_heads): FewerKvHeads... below.
+        if (!p.placement.on(MeshAxis::TP).is_shard() || p.placement.on(MeshAxis::TP).pieces > 0) continue;
+        const auto seen = coverage(c, tp, p.name);
+        for (size_t g = 0; g < seen.size(); ++g) ASSERT_EQ(seen[g], 1) << name << " tp=" << tp << " " << p.name << "[" << g << "]";
+      }
+    }
+}
+
+TEST(ParamTableShard, Gpt2FusedQkvIsSplitPerProjectionNotByRowsOfTheFusedMatrix) {
+  const auto c = preset("tiny");  // C = 64: q rows 0..63, k 64..127, v 128..191
+  const auto t = build_param_table(c, TableShard{1, 2});
+  const auto& p = t.at("transformer.h.0.attn.c_attn.weight");
+  auto global_row = [&](int64_t local_row) { return t.global_element(p, local_row * 64) / 64; };
+  EXPECT_EQ(global_row(0), 32);    // rank 1's first q row: the second half of q
+  EXPECT_EQ(global_row(31), 63);
+  EXPECT_EQ(global_row(32), 96);   // then its half of k
+  EXPECT_EQ(global_row(64), 160);  // and of v
+  EXPECT_EQ(t.global_element(p, 5), 32 * 64 + 5);
+}
+
+TEST(ParamTableShard, FewerKvHeadsThanTpAreReplicatedOverTheRanksThatShareThem) {
+  auto c = preset("tiny-llama");  // H = 4, KV = 2
+  c.n_kv_heads = 1;
+  const auto seen = coverage(c, 4, "model.layers.0.self_attn.k_proj.weight");
+  for (int n : seen) ASSERT_EQ(n, 4);  // the one KV head on every rank
+  c.n_kv_heads = 2;
+  for (int n : coverage(c, 4, "model.layers.0.self_attn.v_proj.weight")) ASSERT_EQ(n, 2);  // each on two ranks
+  const auto t = build_param_table(c, TableShard{3, 4});
+  EXPECT_EQ(t.at("model.layers.0.self_attn.k_proj.weight").shape, (std::vector<int64_t>{16, 64}));  // one head
+  EXPECT_EQ(t.global_element(t.at("model.layers.0.self_attn.k_proj.weight"), 0), 16 * 64);  // head 1: ranks 2-3
+}
+
+TEST(ParamTableShard, AVocabularyTpDoesNotDivideIsPaddedNotRefused) {
+  auto c = preset("tiny");
+  c.vocab_size = 513;
+  const auto t = build_param_table(c, TableShard{1, 2});
+  const auto& wte = t.at("transformer.wte.weight");
+  EXPECT_EQ(wte.shape, (std::vector<int64_t>{257, 64}));  // rows 257..512 and one row of padding
+  EXPECT_EQ(t.global_element(wte, 0), 257 * 64);
+  EXPECT_EQ(t.global_element(wte, 255 * 64 + 3), 512 * 64 + 3);  // the last real row
+  EXPECT_EQ(t.global_element(wte, 256 * 64), -1);               // padding
+  const auto t0 = build_param_table(c, TableShard{0, 2});
+  EXPECT_EQ(t0.global_element(t0.at("transformer.wte.weight"), 256 * 64), 256 * 64);
+  c.vocab_size = 511;
+  const auto t1 = build_param_table(c, TableShard{1, 2});
+  EXPECT_EQ(t1.global_element(t1.at("transformer.wte.weight"), 254 * 64), 510 * 64);
+  EXPECT_EQ(t1.global_element(t1.at("transformer.wte.weight"), 255 * 64), -1);  // padding
+  for (int n : coverage(c, 2, "transformer.wte.weight")) ASSERT_EQ(n, 1);
+}
+
+TEST(ParamTableShard, WidthsTpCannotSplitAreRefusedNamingTheNumbersAndValidDegrees) {
+  auto error = [](const TransformerConfig& c, int tp) {
+    try {
+      build_param_table(c, TableShard{0, tp});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto mini = preset("mini");  // H = 6
+  EXPECT_NE(error(mini, 4).find("parallel.tp = 4 does not divide model.n_heads = 6"), std::string::npos);
+  EXPECT_NE(error(mini, 4).find("valid tp: 1, 2, 3, 6"), std::string::npos);
+  auto l = preset("llama-mini");  // H = 6, KV = 2
+  EXPECT_NE(error(l, 3).find("model.n_kv_heads = 2"), std::string::npos) << error(l, 3);
+  auto f = preset("tiny");
+  f.d_ff = 258;
+  EXPECT_NE(error(f, 4).find("model.d_ff = 258"), std::string::npos) << error(f, 4);
+  EXPECT_EQ(error(preset("tiny"), 4), "");
+}

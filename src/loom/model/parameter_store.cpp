@@ -87,9 +87,15 @@ void ParameterStore::initialize(uint64_t seed, std::span<const spec::ArenaRange>
           for (int64_t i = lo; i < hi; ++i) out[i] = 1.0f;
           break;
         case spec::Init::Kind::Normal: {
+          // Keyed by the element of the whole tensor, so every layout draws the same number for it;
+          // padding (a vocabulary tp does not divide) stays zero.
           const float std = p.init.std;
+          const bool whole = table_.shard().whole() || !p.placement.on(spec::MeshAxis::TP).is_shard();
 #pragma omp parallel for schedule(static)
-          for (int64_t i = lo; i < hi; ++i) out[i] = std * Philox::normal(seed, stream, static_cast<uint64_t>(i));
+          for (int64_t i = lo; i < hi; ++i) {
+            const int64_t g = whole ? i : table_.global_element(p, i);
+            out[i] = g < 0 ? 0.0f : std * Philox::normal(seed, stream, static_cast<uint64_t>(g));
+          }
           break;
         }
       }

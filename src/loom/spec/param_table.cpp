@@ -46,9 +46,52 @@ std::vector<int64_t> ParamTable::block_starts(int64_t n_layers) const {
   return starts;
 }
 
+namespace {
+// The extents of one sharded dimension: `block` of the whole tensor's per block, `piece` of this shard's
+// per block (padded up when the pieces do not divide the block).
+struct ShardExtent {
+  int64_t block = 0, piece = 0, pieces = 1, my_piece = 0;
+};
+ShardExtent extent_of(const AxisPlacement& a, int64_t global, const TableShard& s) {
+  ShardExtent e;
+  e.pieces = a.pieces > 0 ? a.pieces : s.tp_size;
+  e.block = global / a.blocks;
+  e.piece = (e.block + e.pieces - 1) / e.pieces;
+  e.my_piece = static_cast<int64_t>(s.tp_rank) * e.pieces / s.tp_size;
+  return e;
+}
+}  // namespace
+
+int64_t ParamTable::global_element(const ParamSpec& p, int64_t local) const {
+  const AxisPlacement& a = p.placement.on(MeshAxis::TP);
+  if (shard_.whole() || !a.is_shard()) return local;
+  // Row-major strides of the local and the whole tensor; only the sharded dimension maps differently.
+  const int nd = static_cast<int>(p.shape.size());
+  int64_t global = 0, stride_local = 1, stride_global = 1;
+  const ShardExtent e = extent_of(a, p.global_shape[a.dim], shard_);
+  for (int d = nd - 1; d >= 0; --d) {
+    const int64_t i = (local / stride_local) % p.shape[d];
+    int64_t g = i;
+    if (d == a.dim) {
+      const int64_t b = i / e.piece, w = i % e.piece, within = e.my_piece * e.piece + w;
+      if (within >= e.block) return -1;  // padding
+      g = b * e.block + within;
+    }
+    global += g * stride_global;
+    stride_local *= p.shape[d];
+    stride_global *= p.global_shape[d];
+  }
+  return global;
+}
+
 void ParamTable::add(ParamSpec p) {
   // A hash index keeps building the table linear in the number of tensors.
   if (!index_.emplace(p.name, params_.size()).second) throw ConfigError("parameter '" + p.name + "' defined twice");
+  p.global_shape = p.shape;
+  if (const AxisPlacement& a = p.placement.on(MeshAxis::TP); !shard_.whole() && a.is_shard()) {
+    const ShardExtent e = extent_of(a, p.global_shape[a.dim], shard_);
+    p.shape[a.dim] = e.piece * a.blocks;
+  }
   // Keep every tensor 64-byte aligned in an f32 arena so vector kernels can assume it.
   const int64_t numel = p.numel();
   total_ = (total_ + 15) / 16 * 16;
@@ -81,17 +124,35 @@ const ParamSpec& ParamTable::at(const std::string& name) const {
 
 namespace {
 
-ParamSpec matrix(std::string name, int64_t out, int64_t in, float std) {
-  return {std::move(name), {out, in}, {Init::Kind::Normal, std}, Placement::replicate(), true, 0};
+// Tensor-parallel placements (Megatron-LM): a column-parallel GEMM splits its output rows, a
+// row-parallel one its input columns; `blocks` keeps a fused matrix's parts (GPT-2's q/k/v) whole-wise.
+Placement tp_rows(int blocks = 1, int pieces = 0) {
+  return Placement::replicate().with(MeshAxis::TP, AxisPlacement::shard(0, blocks, pieces));
+}
+Placement tp_cols() { return Placement::replicate().with(MeshAxis::TP, AxisPlacement::shard(1)); }
+
+ParamSpec matrix(std::string name, int64_t out, int64_t in, float std, Placement placement) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {out, in};
+  p.init = {Init::Kind::Normal, std};
+  p.placement = placement;
+  p.weight_decay = true;
+  return p;
 }
 // A matrix only GEMMs read (not an embedding table).
-ParamSpec linear(std::string name, int64_t out, int64_t in, float std) {
-  ParamSpec p = matrix(std::move(name), out, in, std);
+ParamSpec linear(std::string name, int64_t out, int64_t in, float std, Placement placement) {
+  ParamSpec p = matrix(std::move(name), out, in, std, placement);
   p.gemm_only = true;
   return p;
 }
-ParamSpec vec(std::string name, int64_t n, Init::Kind kind) {
-  return {std::move(name), {n}, {kind, 0.0f}, Placement::replicate(), false, 0};
+ParamSpec vec(std::string name, int64_t n, Init::Kind kind, Placement placement = Placement::replicate()) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {n};
+  p.init = {kind, 0.0f};
+  p.placement = placement;
+  return p;
 }
 
 void add_gpt2(ParamTable& t, const TransformerConfig& c) {
@@ -99,53 +160,86 @@ void add_gpt2(ParamTable& t, const TransformerConfig& c) {
   // GPT-2 scales the init of projections that write into the residual stream by 1/sqrt(2L),
   // so the residual's variance does not grow with depth.
   const float resid_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
-  t.add(matrix("transformer.wte.weight", c.vocab_size, C, c.init_std));
-  t.add(matrix("transformer.wpe.weight", c.max_seq, C, c.init_std));
+  t.add(matrix("transformer.wte.weight", c.vocab_size, C, c.init_std, tp_rows()));  // vocabulary-parallel
+  t.add(matrix("transformer.wpe.weight", c.max_seq, C, c.init_std, Placement::replicate()));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
     t.add(vec(p + "ln_1.weight", C, Init::Kind::Ones));
     t.add(vec(p + "ln_1.bias", C, Init::Kind::Zeros));
-    t.add(linear(p + "attn.c_attn.weight", 3 * C, C, c.init_std));
-    t.add(vec(p + "attn.c_attn.bias", 3 * C, Init::Kind::Zeros));
-    t.add(linear(p + "attn.c_proj.weight", C, C, resid_std));
+    // q, k and v each split by heads: three blocks of rows, not the fused matrix's rows.
+    t.add(linear(p + "attn.c_attn.weight", 3 * C, C, c.init_std, tp_rows(3)));
+    t.add(vec(p + "attn.c_attn.bias", 3 * C, Init::Kind::Zeros, tp_rows(3)));
+    t.add(linear(p + "attn.c_proj.weight", C, C, resid_std, tp_cols()));
     t.add(vec(p + "attn.c_proj.bias", C, Init::Kind::Zeros));
     t.add(vec(p + "ln_2.weight", C, Init::Kind::Ones));
     t.add(vec(p + "ln_2.bias", C, Init::Kind::Zeros));
-    t.add(linear(p + "mlp.c_fc.weight", c.d_ff, C, c.init_std));
-    t.add(vec(p + "mlp.c_fc.bias", c.d_ff, Init::Kind::Zeros));
-    t.add(linear(p + "mlp.c_proj.weight", C, c.d_ff, resid_std));
+    t.add(linear(p + "mlp.c_fc.weight", c.d_ff, C, c.init_std, tp_rows()));
+    t.add(vec(p + "mlp.c_fc.bias", c.d_ff, Init::Kind::Zeros, tp_rows()));
+    t.add(linear(p + "mlp.c_proj.weight", C, c.d_ff, resid_std, tp_cols()));
     t.add(vec(p + "mlp.c_proj.bias", C, Init::Kind::Zeros));
   }
   t.add(vec("transformer.ln_f.weight", C, Init::Kind::Ones));
   t.add(vec("transformer.ln_f.bias", C, Init::Kind::Zeros));
-  if (!c.tie_embeddings) t.add(linear("lm_head.weight", c.vocab_size, C, c.init_std));
+  if (!c.tie_embeddings) t.add(linear("lm_head.weight", c.vocab_size, C, c.init_std, tp_rows()));
 }
 
 void add_llama(ParamTable& t, const TransformerConfig& c) {
   const int64_t C = c.d_model, hd = c.head_dim();
   const float resid_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
-  t.add(matrix("model.embed_tokens.weight", c.vocab_size, C, c.init_std));
+  t.add(matrix("model.embed_tokens.weight", c.vocab_size, C, c.init_std, tp_rows()));
+  // KV heads split like the query heads while there are at least tp of them; fewer are replicated, each
+  // over the ranks whose query heads share it (8 KV heads at tp = 16 or 32, as real Llama runs use).
+  const int tp = t.shard().tp_size;
+  const Placement kv = c.n_kv_heads >= tp ? tp_rows() : tp_rows(1, static_cast<int>(c.n_kv_heads));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     t.add(vec(p + "input_layernorm.weight", C, Init::Kind::Ones));
-    t.add(linear(p + "self_attn.q_proj.weight", c.n_heads * hd, C, c.init_std));
-    t.add(linear(p + "self_attn.k_proj.weight", c.n_kv_heads * hd, C, c.init_std));
-    t.add(linear(p + "self_attn.v_proj.weight", c.n_kv_heads * hd, C, c.init_std));
-    t.add(linear(p + "self_attn.o_proj.weight", C, c.n_heads * hd, resid_std));
+    t.add(linear(p + "self_attn.q_proj.weight", c.n_heads * hd, C, c.init_std, tp_rows()));
+    t.add(linear(p + "self_attn.k_proj.weight", c.n_kv_heads * hd, C, c.init_std, kv));
+    t.add(linear(p + "self_attn.v_proj.weight", c.n_kv_heads * hd, C, c.init_std, kv));
+    t.add(linear(p + "self_attn.o_proj.weight", C, c.n_heads * hd, resid_std, tp_cols()));
     t.add(vec(p + "post_attention_layernorm.weight", C, Init::Kind::Ones));
-    t.add(linear(p + "mlp.gate_proj.weight", c.d_ff, C, c.init_std));
-    t.add(linear(p + "mlp.up_proj.weight", c.d_ff, C, c.init_std));
-    t.add(linear(p + "mlp.down_proj.weight", C, c.d_ff, resid_std));
+    t.add(linear(p + "mlp.gate_proj.weight", c.d_ff, C, c.init_std, tp_rows()));
+    t.add(linear(p + "mlp.up_proj.weight", c.d_ff, C, c.init_std, tp_rows()));
+    t.add(linear(p + "mlp.down_proj.weight", C, c.d_ff, resid_std, tp_cols()));
   }
   t.add(vec("model.norm.weight", C, Init::Kind::Ones));
-  if (!c.tie_embeddings) t.add(linear("lm_head.weight", c.vocab_size, C, c.init_std));
+  if (!c.tie_embeddings) t.add(linear("lm_head.weight", c.vocab_size, C, c.init_std, tp_rows()));
+}
+
+// Degrees in [1, limit] that divide n, for "valid tp" hints.
+std::string divisors(int64_t n, int64_t limit) {
+  std::string s;
+  for (int64_t d = 1; d <= std::min(n, limit); ++d)
+    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
 }
 
 }  // namespace
 
-ParamTable build_param_table(const TransformerConfig& cfg) {
+void validate_tensor_parallel(const TransformerConfig& c, int tp) {
+  if (tp < 1) throw ConfigError("parallel.tp = " + std::to_string(tp) + " must be at least 1");
+  if (tp == 1) return;
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw ConfigError(msg);
+  };
+  const std::string t = std::to_string(tp);
+  need(c.n_heads % tp == 0, "parallel.tp = " + t + " does not divide model.n_heads = " + std::to_string(c.n_heads) +
+                                " (each tp rank runs whole heads); valid tp: " + divisors(c.n_heads, 4096));
+  need(c.n_kv_heads >= tp ? c.n_kv_heads % tp == 0 : tp % c.n_kv_heads == 0,
+       "parallel.tp = " + t + " and model.n_kv_heads = " + std::to_string(c.n_kv_heads) +
+           ": one must divide the other (KV heads are split over tp, or each replicated over tp / n_kv_heads ranks)");
+  need(c.d_ff % tp == 0, "parallel.tp = " + t + " does not divide model.d_ff = " + std::to_string(c.d_ff) +
+                             " (the MLP is split by columns); valid tp: " + divisors(c.d_ff, 64) + (c.d_ff > 64 ? ", ..." : ""));
+}
+
+ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard) {
   cfg.validate();
-  ParamTable t;
+  validate_tensor_parallel(cfg, shard.tp_size);
+  if (shard.tp_rank < 0 || shard.tp_rank >= shard.tp_size)
+    throw ConfigError("tensor-parallel rank " + std::to_string(shard.tp_rank) + " is outside tp = " +
+                      std::to_string(shard.tp_size));
+  ParamTable t(shard);
   if (cfg.arch == Arch::GPT2)
     add_gpt2(t, cfg);
   else

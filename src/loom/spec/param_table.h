@@ -27,9 +27,18 @@ struct ArenaRange {
   bool operator==(const ArenaRange&) const = default;
 };
 
+// Which shard of the model a table describes: this rank's coordinate along the tensor-parallel axis.
+// The default is the whole model.
+struct TableShard {
+  int tp_rank = 0, tp_size = 1;
+  bool whole() const { return tp_size == 1; }
+  bool operator==(const TableShard&) const = default;
+};
+
 struct ParamSpec {
   std::string name;             // Hugging Face-compatible, e.g. "transformer.h.0.attn.c_attn.weight"
-  std::vector<int64_t> shape;   // matrices are [out_features, in_features], as torch.nn.Linear
+  std::vector<int64_t> shape;   // this shard's shape; matrices are [out_features, in_features], as torch.nn.Linear
+  std::vector<int64_t> global_shape;  // the whole tensor's (equal to shape in a whole-model table)
   Init init;
   Placement placement;
   bool weight_decay = false;    // matrices (embeddings included) decay; biases and norm gains do not
@@ -43,7 +52,14 @@ struct ParamSpec {
 
 class ParamTable {
  public:
+  ParamTable() = default;
+  explicit ParamTable(TableShard shard) : shard_(shard) {}
+  const TableShard& shard() const { return shard_; }
   const std::vector<ParamSpec>& params() const { return params_; }
+  // The element of the whole tensor that element `local` (row-major in p.shape) of this shard holds, or -1
+  // for padding (a vocabulary that tp does not divide). Initialisation is keyed by it, so a parameter's
+  // values are the same numbers under every layout.
+  int64_t global_element(const ParamSpec& p, int64_t local) const;
   int64_t total_numel() const { return total_; }
   // Parameters excluding token and position embeddings (the LM head counts only when untied).
   int64_t non_embedding_numel() const;
@@ -54,16 +70,26 @@ class ParamTable {
   std::vector<int64_t> block_starts(int64_t n_layers) const;
   std::optional<size_t> index_of(const std::string& name) const;
 
+  // `p.shape` is the whole tensor's shape; the table cuts this shard's out of it by p.placement.
   void add(ParamSpec p);
 
  private:
+  TableShard shard_;
   std::vector<ParamSpec> params_;
   std::unordered_map<std::string, size_t> index_;  // name -> position in params_
   int64_t total_ = 0;
 };
 
 // Builds the table in the order the forward pass touches the tensors. Within a layer, q/k/v (Llama)
-// and gate/up are adjacent, so one GEMM can run on their concatenation.
-ParamTable build_param_table(const TransformerConfig& cfg);
+// and gate/up are adjacent, so one GEMM can run on their concatenation. Every tensor carries its
+// Megatron-style tensor-parallel placement (column-parallel q/k/v, fc, gate/up and the vocabulary
+// rows of the embedding and head: Shard(0); row-parallel projections: Shard(1); norms and the biases
+// after a row-parallel GEMM: Replicate); `shard` picks one tp rank's part (local shapes), refusing with
+// one line a width the tp degree does not divide.
+ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard = {});
+
+// Throws ConfigError naming the numbers and the valid degrees when `tp` cannot split `cfg` (heads, KV
+// heads, FFN width). A vocabulary tp does not divide is padded, never refused.
+void validate_tensor_parallel(const TransformerConfig& cfg, int tp);
 
 }  // namespace loom::spec
