@@ -105,6 +105,12 @@ TEST(ConfigLimits, SizesThatOverflowInsideTheRangesNameTheKeysTheyCameFrom) {
   EXPECT_NE(e.find("train.steps"), std::string::npos) << e;
 }
 
+TEST(ConfigLimits, ABatchSmallerThanTheDataParallelDegreeIsRefusedNotDividedByZero) {
+  // Found by fuzz/run_config_fuzz: micro_batch_size = 0 means batch / dp, which was 0 here.
+  const std::string e = refusal({"train.batch_size=2", "parallel.dp=4"});
+  EXPECT_NE(e.find("train.batch_size = 2 is smaller than parallel.dp = 4"), std::string::npos) << e;
+}
+
 TEST(ConfigLimits, CheckedParameterCountIsTheParameterTablesCount) {
   for (const auto& name : loom::spec::preset_names()) {
     for (bool tied : {true, false}) {

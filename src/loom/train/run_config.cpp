@@ -302,6 +302,9 @@ void RunConfig::validate() const {
   need(train.steps > 0, "train.steps must be positive (got " + s(train.steps) + ")");
   need(train.batch_size > 0, "train.batch_size must be positive (got " + s(train.batch_size) + ")");
   need(train.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 means batch_size)");
+  // micro_batch_size = 0 means batch_size / dp, which is 0 when the batch is smaller than dp.
+  need(micro_batch() > 0, "train.batch_size = " + s(train.batch_size) + " is smaller than parallel.dp = " +
+                              s(parallel.dp) + ": every data-parallel rank needs at least one sequence per step");
   need(train.batch_size % micro_batch() == 0, "train.batch_size = " + s(train.batch_size) +
                                                   " is not divisible by train.micro_batch_size = " + s(micro_batch()));
   need(seq_len() > 0 && seq_len() <= model.resolved.max_seq,
