@@ -29,8 +29,8 @@ fi
 
 # libFuzzer over every parser of outside input (docs/fuzzing.md): replays fuzz/regressions/ and the
 # seeds, then fuzzes each of the 9 targets, two at a time. 20 s per target is 5 rounds of 20 s; with the
-# clang build of build-fuzz/ (~1.5-2 min on 2 cores) the stage takes 3.5-4.5 min (measured: 276 s with
-# another build sharing the machine), the most this ~13 min run should grow by. The regressions are
+# clang build of build-fuzz/ the stage measured 175 s on an idle 2-core machine (build 62 s) and 276 s
+# with another build sharing it: within the ~4 min this ~13 min run may grow by. The regressions are
 # what CI must never miss; 20 s finds shallow new bugs only: a real hunt is scripts/fuzz.sh 600.
 if [ "${LOOM_SKIP_FUZZ:-0}" != "1" ]; then
   bash scripts/fuzz.sh 20
