@@ -9,6 +9,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "loom/core/toml_text.h"
 #include "loom/error.h"
 
 namespace loom::plan {
@@ -130,23 +131,6 @@ Hardware load_hardware(const std::string& path) {
   return parse_hardware(ss.str(), path);
 }
 
-namespace {
-// `s` as a TOML basic string: quotes, backslashes and control characters escaped. Not toml++'s printer:
-// it writes "\n" as a multi-line literal string, whose first newline a reader drops (found by the fuzzer).
-std::string toml_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\', out += static_cast<char>(c);
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\u{:04x}", c);
-    else
-      out += static_cast<char>(c);
-  }
-  return out + "\"";
-}
-}  // namespace
-
 std::string hardware_to_toml(const Hardware& hw, const std::string& header,
                              const std::map<std::string, std::string>& notes) {
   auto comment = [](const std::string& text) {
@@ -161,9 +145,9 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   };
   std::string out = comment(header);
   const double T = 1e12, G = 1e9;
-  out += fmt::format("name = {}\nsource = {}\n\n", toml_string(hw.name), toml_string(hw.source));
+  out += fmt::format("name = {}\nsource = {}\n\n", toml_basic_string(hw.name), toml_basic_string(hw.source));
   out += section("device");
-  out += fmt::format("name = {}\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", toml_string(hw.device.name),
+  out += fmt::format("name = {}\nmemory_GiB = {:.6g}\nmemory_bandwidth_GBps = {:.6g}\n", toml_basic_string(hw.device.name),
                      hw.device.memory_bytes / double(1ull << 30), hw.device.memory_bandwidth / G);
   out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n", hw.device.peak_bf16 / T,
                      hw.device.peak_fp8 / T, hw.device.peak_f32 / T);

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "loom/core/toml_text.h"
 #include "loom/error.h"
 #include "loom/spec/checked_size.h"
 
@@ -41,18 +42,7 @@ std::string as_string(const toml::node& n, const std::string& key) {
   throw ConfigError(key + " must be a string, got " + describe(n));
 }
 // A TOML basic string: "..." with backslashes, quotes and control characters escaped.
-std::string quote(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char ch : s) {
-    if (ch == '"' || ch == '\\')
-      o += '\\', o += static_cast<char>(ch);
-    else if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\u{:04x}", ch);
-    else
-      o += static_cast<char>(ch);
-  }
-  return o + "\"";
-}
+std::string quote(const std::string& s) { return toml_basic_string(s); }
 // Shortest text that reads back to the same value; always a TOML float.
 template <typename T>
 std::string num(T v) {
