@@ -46,6 +46,7 @@ struct BenchArgs {
   bool vs_mpi = false;
   bool ceiling = true;
   bool json = false;      // one JSON object per row instead of the table
+  int check_cost = 0;     // rounds of alternating the always-on op check off and on (0: not measured)
   std::string transport;  // --comm: overrides LOOM_COMM
 };
 
@@ -281,6 +282,7 @@ class Ceiling {
 
 struct Row {
   double seconds = 0, cpu_seconds = 0, mpi_seconds = 0, ceiling_seconds = 0;
+  double checked_seconds = 0, unchecked_seconds = 0;  // --check-cost: medians with the op stamps on / off
   uint64_t wrong = 0;
   std::string algo;
 };
@@ -380,6 +382,23 @@ class CommBench {
     row.seconds = time_batches([&] { return issue(); }, &row.cpu_seconds);
     row.wrong = static_cast<uint64_t>(reduce_max(static_cast<double>(wrong_here)));
     if (a_.vs_mpi) row.mpi_seconds = time_mpi(k, s, in, out_ptr);
+    if (a_.check_cost > 0) {
+      // The same ranks, buffers and placement, the check flipped between batches: the difference is the
+      // check's, not the noise between two launches (which on this VM is larger than the op itself).
+      std::vector<double> on, off;
+      const bool was = pg_.tuning().check;
+      for (int r = 0; r < a_.check_cost; ++r) {
+        pg_.tuning().check = false;
+        off.push_back(time_batches([&] { return issue(); }, nullptr));
+        pg_.tuning().check = true;
+        on.push_back(time_batches([&] { return issue(); }, nullptr));
+      }
+      pg_.tuning().check = was;
+      std::sort(on.begin(), on.end());
+      std::sort(off.begin(), off.end());
+      row.checked_seconds = on[on.size() / 2];
+      row.unchecked_seconds = off[off.size() / 2];
+    }
     if (!saved.empty()) std::memcpy(in, saved.data(), saved.size());
     pg_.barrier().wait();
     // Below ~256 KiB the in-process "ceiling" measures its own thread barrier, not memory: not shown.
@@ -479,6 +498,10 @@ class CommBench {
                        {"wrong", r.wrong},       {"cpu_us", r.cpu_seconds * 1e6}};
       if (r.ceiling_seconds > 0) j["ceiling_busbw_GBps"] = busbw(r.ceiling_seconds);
       if (r.mpi_seconds > 0) j["mpi_busbw_GBps"] = busbw(r.mpi_seconds);
+      if (r.checked_seconds > 0) {
+        j["checked_time_us"] = r.checked_seconds * 1e6;
+        j["unchecked_time_us"] = r.unchecked_seconds * 1e6;
+      }
       fmt::print("{}\n", j.dump());
       std::fflush(stdout);
       return;
@@ -489,6 +512,10 @@ class CommBench {
                opt(r.ceiling_seconds > 0, 100.0 * r.ceiling_seconds / r.seconds, "{:.0f}%"),
                opt(r.mpi_seconds > 0, busbw(r.mpi_seconds), "{:.2f}"),
                opt(r.mpi_seconds > 0, r.mpi_seconds / r.seconds, "{:.2f}x"));
+    if (r.checked_seconds > 0)
+      fmt::print("{:>15}   op check: {:.3f} us on, {:.3f} us off ({:+.1f}%, median of {} alternating rounds)\n", "",
+                 r.checked_seconds * 1e6, r.unchecked_seconds * 1e6,
+                 100.0 * (r.checked_seconds / r.unchecked_seconds - 1.0), a_.check_cost);
     std::fflush(stdout);
   }
 
@@ -539,6 +566,10 @@ void register_bench(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"mpi"}));
   cmd->add_flag("!--no-ceiling", a->ceiling, "skip the in-process ceiling measurement");
   cmd->add_flag("--json", a->json, "one JSON object per row (op, ranks, bytes, time_us, algbw/busbw GB/s, ...)");
+  cmd->add_option("--check-cost", a->check_cost,
+                  "also time each row N rounds with the always-on op check off and on, alternating in the same run "
+                  "(LOOM_COMM_CHECK)")
+      ->check(finite_range(0, 1000));
   cmd->callback([&action, a, vs] {
     a->vs_mpi = *vs == "mpi";
     if (a->batches < 1) throw CLI::ValidationError("--batches", "must be at least 1");
