@@ -129,6 +129,14 @@ RegisteredBuffer ProcessGroup::register_buffer(size_t bytes, MemCategory categor
   return b;
 }
 
+// A hierarchical group's local and cross transports number peers their own way: local index j is group
+// rank node*L + j, cross index j (a node) is group rank j*L + local rank.
+int ProcessGroup::group_rank(const Transport* source, int r) const {
+  if (local_ && source == local_.get()) return cross_->rank() * local_->size() + r;
+  if (cross_ && source == cross_.get()) return r * local_->size() + local_->rank();
+  return r;
+}
+
 std::string ProcessGroup::label(const Op& op) const {
   if (!is_collective(op.desc.kind))
     return fmt::format("{}({}, {} elements, tag {}) {} rank {}", op_name(op.desc.kind), dtype_name(op.desc.dtype),
@@ -199,6 +207,12 @@ void ProcessGroup::execute(Op& op) {
   if (!tuning_.check || !is_collective(op.desc.kind)) stamp.seq = 0;
   for (Transport* t : {transport_.get(), local_.get(), cross_.get()})
     if (t) t->set_deadline(deadline), t->set_stamp(stamp);
+  // The op's error, and the group's first failure: later ops fail at once instead of hanging.
+  auto fail = [&](const auto& e) {  // by its own type: a timeout stays a CommTimeoutError
+    error = std::make_exception_ptr(e);
+    std::lock_guard lock(mu_);
+    if (broken_.empty()) broken_ = e.what();
+  };
   try {
     if (!broken.empty())
       throw CommError(fmt::format("rank {}: {} not run: group {} failed earlier ({})", ranks_[rank_], label(op), id_,
@@ -206,47 +220,25 @@ void ProcessGroup::execute(Op& op) {
     if (tuning_.debug && is_collective(op.desc.kind) && size() > 1) debug_check(op);
     algo = run_algorithm(op);
   } catch (const PeerTimeout& pt) {
-    // A hierarchical group's local and cross transports number peers their own way: local index j is
-    // group rank node*L + j, cross index j (a node) is group rank j*L + local rank.
     std::vector<int> missing;
-    for (int r : pt.missing) {
-      int g = r;
-      if (local_ && pt.source == local_.get()) g = cross_->rank() * local_->size() + r;
-      if (cross_ && pt.source == cross_.get()) g = r * local_->size() + local_->rank();
-      missing.push_back(ranks_.at(g));
-    }
-    auto msg = fmt::format(
+    for (int r : pt.missing) missing.push_back(ranks_.at(group_rank(pt.source, r)));
+    fail(CommTimeoutError(fmt::format(
         "rank {}: {} timed out after {:.0f} s (LOOM_COMM_TIMEOUT) in group {} (ranks [{}]) waiting for {}: rank(s) {} "
         "never arrived",
-        ranks_[rank_], label(op), std::chrono::duration<double>(op.timeout.value_or(tuning_.timeout)).count(), id_, fmt::join(ranks_, ", "),
-        pt.waiting_for, fmt::join(missing, ", "));
-    error = std::make_exception_ptr(CommTimeoutError(msg));
-    std::lock_guard lock(mu_);
-    if (broken_.empty()) broken_ = msg;
+        ranks_[rank_], label(op), std::chrono::duration<double>(op.timeout.value_or(tuning_.timeout)).count(), id_,
+        fmt::join(ranks_, ", "), pt.waiting_for, fmt::join(missing, ", "))));
   } catch (const OpMismatch& om) {
-    // Transport ranks of a hierarchical group's parts map to group ranks as for timeouts below.
-    int g = om.peer;
-    if (local_ && om.source == local_.get()) g = cross_->rank() * local_->size() + om.peer;
-    if (cross_ && om.source == cross_.get()) g = om.peer * local_->size() + local_->rank();
-    auto msg = fmt::format("rank {}: ops disagree in group {}: rank {} called {}; this rank called {}", ranks_[rank_], id_,
-                           ranks_.at(g), describe(om.theirs), describe(op.desc));
-    error = std::make_exception_ptr(CommError(msg));
-    std::lock_guard lock(mu_);
-    if (broken_.empty()) broken_ = msg;
+    fail(CommError(fmt::format("rank {}: ops disagree in group {}: rank {} called {}; this rank called {}", ranks_[rank_],
+                               id_, ranks_.at(group_rank(om.source, om.peer)), describe(om.theirs), describe(op.desc))));
   } catch (const PeerGone& pg) {
-    auto msg = fmt::format(
+    fail(CommError(fmt::format(
         "rank {}: {} in group {} (ranks [{}]) cannot complete: rank {} is gone (its process exited) while this rank "
         "waited for {}",
-        ranks_[rank_], label(op), id_, fmt::join(ranks_, ", "), pg.global_rank, pg.waiting_for);
-    error = std::make_exception_ptr(CommError(msg));
-    std::lock_guard lock(mu_);
-    if (broken_.empty()) broken_ = msg;
+        ranks_[rank_], label(op), id_, fmt::join(ranks_, ", "), pg.global_rank, pg.waiting_for)));
   } catch (const CommError& e) {
     auto msg = std::string(e.what());
     if (msg.rfind("rank ", 0) != 0) msg = fmt::format("rank {}: {} in group {}: {}", ranks_[rank_], label(op), id_, msg);
-    error = std::make_exception_ptr(CommError(msg));
-    std::lock_guard lock(mu_);
-    if (broken_.empty()) broken_ = msg;
+    fail(CommError(msg));
   } catch (...) {
     error = std::current_exception();
   }

@@ -122,6 +122,8 @@ class ProcessGroup {
   Algo run_algorithm(Op& op);
   void debug_check(const Op& op);
   std::string label(const Op& op) const;
+  // The group rank of rank `r` of `source` (the flat transport, or a hierarchical group's parts).
+  int group_rank(const Transport* source, int r) const;
 
   std::shared_ptr<GroupContext> ctx_;
   std::vector<int> ranks_;
