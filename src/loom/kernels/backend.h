@@ -58,6 +58,14 @@ class Backend {
   virtual void softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                                      float grad_scale) = 0;
   virtual void cross_entropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets) = 0;
+  // Vocabulary-parallel cross-entropy in two halves around an all-gather of the partials [N, 3] (see
+  // kernels::vocab_shard_partials and vocab_shard_finish): logits [N, V] hold vocabulary entries
+  // [rank * V, rank * V + V); gathered is [ranks, N, 3]; with write_grad the logits (holding the exp
+  // values the partials pass left) become dlogits * grad_scale.
+  virtual void vocab_parallel_partials(const Tensor& partials, const Tensor& logits, const Tensor& targets,
+                                       int64_t vocab_begin, int64_t vocab_size, bool keep_exp) = 0;
+  virtual void vocab_parallel_finish(const Tensor& losses, const Tensor& logits, bool write_grad, const Tensor& targets,
+                                     const Tensor& gathered, int rank, int64_t vocab_size, float grad_scale) = 0;
   // f32 -> bf16 (round to nearest even) or bf16 -> f32, by the tensors' dtypes.
   virtual void cast(const Tensor& out, const Tensor& in) = 0;
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;

@@ -241,6 +241,31 @@ void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& logit
   kernels::cross_entropy_forward(losses.data<float>(), logits.data<float>(), targets.data<int32_t>(), N, V);
 }
 
+void CpuBackend::vocab_parallel_partials(const Tensor& partials, const Tensor& logits, const Tensor& targets,
+                                         int64_t vocab_begin, int64_t vocab_size, bool keep_exp) {
+  const int64_t N = rows(logits), V = cols(logits);
+  expect(partials.numel() == 3 * N && targets.numel() == N && targets.dtype() == DType::I32,
+         "vocab_parallel_partials: logits " + sh(logits) + ", targets " + sh(targets) + ", partials " + sh(partials));
+  auto c = softmax_cross_entropy_cost(N, V);
+  Span span(tracer_, "vocab_xent_partials", Category::Kernel, c.flops, c.bytes);
+  kernels::vocab_shard_partials(partials.data<float>(), logits.data<float>(), targets.data<int32_t>(), N, V,
+                                vocab_begin, vocab_size, keep_exp);
+}
+
+void CpuBackend::vocab_parallel_finish(const Tensor& losses, const Tensor& logits, bool write_grad, const Tensor& targets,
+                                       const Tensor& gathered, int rank, int64_t vocab_size, float grad_scale) {
+  const int64_t N = targets.numel();
+  const int ranks = static_cast<int>(gathered.numel() / (3 * std::max<int64_t>(N, 1)));
+  expect(losses.numel() == N && gathered.numel() == 3 * N * ranks && rank >= 0 && rank < ranks,
+         "vocab_parallel_finish: losses " + sh(losses) + ", gathered " + sh(gathered));
+  const int64_t V = cols(logits);
+  auto c = write_grad ? KernelCost{2.0 * N * V, 8.0 * N * V} : KernelCost{4.0 * N * ranks, 12.0 * N * ranks};
+  Span span(tracer_, "vocab_xent_finish", Category::Kernel, c.flops, c.bytes);
+  kernels::vocab_shard_finish(losses.data<float>(), write_grad ? logits.data<float>() : nullptr,
+                              targets.data<int32_t>(), gathered.data<float>(), ranks, rank, N, V, vocab_size,
+                              grad_scale);
+}
+
 void CpuBackend::cast(const Tensor& out, const Tensor& in) {
   expect(out.numel() == in.numel(), "cast: " + sh(in) + " to " + sh(out) + " changes the element count");
   auto c = cast_cost(in.numel());

@@ -42,6 +42,10 @@ class CpuBackend final : public Backend {
   void softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                              float grad_scale) override;
   void cross_entropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets) override;
+  void vocab_parallel_partials(const Tensor& partials, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                               int64_t vocab_size, bool keep_exp) override;
+  void vocab_parallel_finish(const Tensor& losses, const Tensor& logits, bool write_grad, const Tensor& targets, const Tensor& gathered,
+                             int rank, int64_t vocab_size, float grad_scale) override;
   void cast(const Tensor& out, const Tensor& in) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
 

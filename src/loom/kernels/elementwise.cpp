@@ -26,9 +26,11 @@ void embedding_backward_cols(float* __restrict dwte, float* __restrict dwpe, con
                              int64_t c1) {
   for (int64_t r = 0; r < N; ++r) {
     const float* __restrict d = dout + r * C;
-    float* __restrict dw = dwte + static_cast<int64_t>(tokens[r]) * C;
+    if (tokens[r] >= 0) {
+      float* __restrict dw = dwte + static_cast<int64_t>(tokens[r]) * C;
 #pragma omp simd
-    for (int64_t c = c0; c < c1; ++c) dw[c] += d[c];
+      for (int64_t c = c0; c < c1; ++c) dw[c] += d[c];
+    }
     if (dwpe) {
       float* __restrict dp = dwpe + (r % T) * C;
 #pragma omp simd
@@ -62,8 +64,15 @@ LOOM_TARGET_CLONES
 void embedding_forward_rows(float* __restrict out, const int32_t* __restrict tokens, const float* __restrict wte,
                             const float* __restrict wpe, int64_t r0, int64_t r1, int64_t T, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* __restrict w = wte + static_cast<int64_t>(tokens[r]) * C;
     float* __restrict o = out + r * C;
+    if (tokens[r] < 0) {  // another vocabulary shard's token: a zero row (plus the position)
+      if (wpe)
+        std::memcpy(o, wpe + (r % T) * C, static_cast<size_t>(C) * sizeof(float));
+      else
+        std::memset(o, 0, static_cast<size_t>(C) * sizeof(float));
+      continue;
+    }
+    const float* __restrict w = wte + static_cast<int64_t>(tokens[r]) * C;
     if (wpe) {
       const float* __restrict p = wpe + (r % T) * C;
 #pragma omp simd

@@ -19,6 +19,8 @@
 namespace loom::kernels {
 
 // ---- embedding: out[b,t,:] = wte[tokens[b,t],:] (+ wpe[t,:] when wpe != nullptr) ----
+// A negative token reads a zero row and its gradient goes nowhere: under a vocabulary-parallel
+// embedding it belongs to another rank's rows.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
                        int64_t C);
 // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (dwpe may be nullptr).
@@ -69,6 +71,19 @@ void softmax_cross_entropy(float* losses, float* logits_to_dlogits, const int32_
 // Forward only (validation): losses[n], logits untouched.
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, int64_t V);
 KernelCost softmax_cross_entropy_cost(int64_t N, int64_t V);
+
+// ---- Vocabulary-parallel cross-entropy: each of R ranks holds logits [N, V] for vocabulary entries
+// [rank * V, rank * V + V) (the last rank's tail past vocab_size is padding). Two halves around one
+// all-gather of per-row partials, so the full logits are never gathered:
+//   partials[n] = {max, sum exp(x - max), x[target] or 0} over this rank's valid columns; with
+//   `keep_exp` the logits are overwritten with exp(x - max) for the finish.
+//   finish: combines every rank's partials (gathered [R, N, 3], in rank order: the same result on every
+//   rank), writes losses[n] = -log softmax[target] and, when dlogits is given (the exp values from
+//   `keep_exp`), dlogits = (softmax - onehot) * grad_scale for this rank's columns (padding: 0). ----
+void vocab_shard_partials(float* partials, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                          int64_t vocab_begin, int64_t vocab_size, bool keep_exp);
+void vocab_shard_finish(float* losses, float* dlogits, const int32_t* targets, const float* gathered, int ranks,
+                        int rank, int64_t N, int64_t V, int64_t vocab_size, float grad_scale);
 
 // ---- bias gradient: dbias[j] += sum_n dout[n, j] (deterministic for a given thread count) ----
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC);

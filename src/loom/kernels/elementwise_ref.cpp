@@ -14,8 +14,11 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       float* o = out + (b * T + t) * C;
-      const float* w = wte + static_cast<int64_t>(tokens[b * T + t]) * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = wpe ? w[c] + wpe[t * C + c] : w[c];
+      const int32_t tok = tokens[b * T + t];
+      for (int64_t c = 0; c < C; ++c) {
+        const float w = tok >= 0 ? wte[static_cast<int64_t>(tok) * C + c] : 0.0f;
+        o[c] = wpe ? w + wpe[t * C + c] : w;
+      }
     }
   }
 }
@@ -26,9 +29,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const float* d = dout + (b * T + t) * C;
-      float* dw = dwte + static_cast<int64_t>(tokens[b * T + t]) * C;
+      const int32_t tok = tokens[b * T + t];
       for (int64_t c = 0; c < C; ++c) {
-        dw[c] += d[c];
+        if (tok >= 0) dwte[static_cast<int64_t>(tok) * C + c] += d[c];
         if (dwpe) dwpe[t * C + c] += d[c];
       }
     }

@@ -114,6 +114,58 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
   });
 }
 
+void vocab_shard_partials(float* partials, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                          int64_t vocab_begin, int64_t vocab_size, bool keep_exp) {
+  const int64_t valid = std::clamp<int64_t>(vocab_size - vocab_begin, 0, V);
+  detail::parallel_ranges(N, kSerialElements / (V > 0 ? V : 1) + 1, 1, [&](int64_t n0, int64_t n1, int, int) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* x = logits + n * V;
+      float* p = partials + 3 * n;
+      const int64_t local = static_cast<int64_t>(targets[n]) - vocab_begin;
+      if (targets[n] < 0 || valid == 0) {  // ignored row, or a shard of padding only
+        p[0] = -INFINITY, p[1] = 0.0f, p[2] = 0.0f;
+        continue;
+      }
+      const float maxv = row_max(x, valid);
+      p[0] = maxv;
+      p[2] = local >= 0 && local < valid ? x[local] : 0.0f;
+      p[1] = keep_exp ? row_exp_sum_inplace(x, valid, maxv) : row_exp_sum(x, valid, maxv);
+    }
+  });
+}
+
+void vocab_shard_finish(float* losses, float* dlogits, const int32_t* targets, const float* gathered, int ranks,
+                        int rank, int64_t N, int64_t V, int64_t vocab_size, float grad_scale) {
+  const int64_t begin = rank * V, valid = std::clamp<int64_t>(vocab_size - begin, 0, V);
+  detail::parallel_ranges(N, kSerialElements / (V > 0 ? V : 1) + 1, 1, [&](int64_t n0, int64_t n1, int, int) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* x = dlogits ? dlogits + n * V : nullptr;
+      const int32_t target = targets[n];
+      if (target < 0) {
+        losses[n] = 0.0f;
+        if (x) std::memset(x, 0, static_cast<size_t>(V) * sizeof(float));
+        continue;
+      }
+      // The global max and sum of exp(x - max), rescaling each rank's sum to the global max.
+      float maxv = -INFINITY;
+      for (int r = 0; r < ranks; ++r) maxv = std::max(maxv, gathered[(r * N + n) * 3]);
+      double sum = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const float* p = gathered + (r * N + n) * 3;
+        if (p[1] > 0) sum += static_cast<double>(p[1]) * std::exp(static_cast<double>(p[0]) - maxv);
+      }
+      const float x_target = gathered[(static_cast<int64_t>(target / V) * N + n) * 3 + 2];
+      losses[n] = static_cast<float>(std::log(sum) - (static_cast<double>(x_target) - static_cast<double>(maxv)));
+      if (!x) continue;
+      const float* mine = gathered + (static_cast<int64_t>(rank) * N + n) * 3;
+      if (valid > 0) row_scale(x, valid, static_cast<float>(grad_scale * std::exp(static_cast<double>(mine[0]) - maxv) / sum));
+      if (valid < V) std::memset(x + valid, 0, static_cast<size_t>(V - valid) * sizeof(float));
+      const int64_t local = target - begin;
+      if (local >= 0 && local < valid) x[local] -= grad_scale;
+    }
+  });
+}
+
 KernelCost softmax_cross_entropy_cost(int64_t N, int64_t V) {
   // Per logit: max 1, subtract 1, exp ~15 (polynomial and range reduction as evaluated), sum 1,
   // scale 1 -> 19 flops. Bytes: the logits read once and dlogits written once from/to memory (the

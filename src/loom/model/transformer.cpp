@@ -10,14 +10,28 @@ namespace loom::model {
 
 using spec::Arch;
 
-Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend)
+Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
+                         kernels::LayerOps* ops)
     : cfg_(std::move(cfg)),
       params_(params),
+      own_ops_(ops ? nullptr : std::make_unique<kernels::LayerOps>(backend)),
+      ops_(ops ? ops : own_ops_.get()),
       backend_(backend),
       llama_(cfg_.arch == Arch::Llama),
       lowp_(params.precision() == Precision::BF16) {
   cfg_.validate();
   auto& P = params_;
+  const int tp = P.table().shard().tp_size;
+  if (ops_->size() != tp || ops_->rank() != P.table().shard().tp_rank)
+    throw Error("internal: the parameter table is tp rank " + std::to_string(P.table().shard().tp_rank) + " of " +
+                std::to_string(tp) + " but the layer ops are rank " + std::to_string(ops_->rank()) + " of " +
+                std::to_string(ops_->size()));
+  local_.heads = cfg_.n_heads / tp;
+  local_.kv_heads = cfg_.n_kv_heads >= tp ? cfg_.n_kv_heads / tp : 1;
+  local_.d_ff = cfg_.d_ff / tp;
+  local_.vocab = P.table().at(llama_ ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0];
+  // KV heads fewer than tp: this rank's K and V rows are a piece tp / n_kv_heads ranks share.
+  const int kv_shared_by = cfg_.n_kv_heads >= tp ? 1 : tp / static_cast<int>(cfg_.n_kv_heads);
   auto linear = [&](const std::string& w, const std::string& b) {
     LinearViews v{P.compute(w), P.grad(w), {}, {}};
     if (!b.empty()) v.b = P.param(b), v.db = P.grad(b);
@@ -25,6 +39,14 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
   };
   auto fused = [&](const std::string& first, const std::string& last) {
     return LinearViews{P.compute_rows(first, last), P.grad_rows(first, last), {}, {}};
+  };
+  auto with_shared_kv = [&](LinearViews v) {
+    if (kv_shared_by > 1) {
+      const int64_t D = cfg_.head_dim();
+      v.shared_begin = local_.heads * D, v.shared_end = (local_.heads + 2 * local_.kv_heads) * D;
+      v.shared_by = kv_shared_by;
+    }
+    return v;
   };
   auto norm = [&](const std::string& prefix) {
     NormViews n{P.param(prefix + ".weight"), P.grad(prefix + ".weight"), {}, {}};
@@ -36,7 +58,7 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
     for (int64_t l = 0; l < cfg_.n_layers; ++l) {
       std::string p = "model.layers." + std::to_string(l) + ".";
       blocks_.push_back({norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
-                         fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight"),
+                         with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")),
                          linear(p + "self_attn.o_proj.weight", ""),
                          fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                          linear(p + "mlp.down_proj.weight", "")});
@@ -64,7 +86,7 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
 }
 
 kernels::AttentionShape Transformer::attention_shape(int64_t B, int64_t T) const {
-  return {B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim(), 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim()))};
+  return {B, T, local_.heads, local_.kv_heads, cfg_.head_dim(), 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim()))};
 }
 
 ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
@@ -73,8 +95,8 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
                       "] is invalid: need B > 0 and 0 < T <= model.max_seq = " + std::to_string(cfg_.max_seq));
   Allocator& alloc = backend_.allocator();
   const auto act = MemCategory::Activations;
-  const int64_t N = B * T, C = cfg_.d_model, D = cfg_.head_dim(), H = cfg_.n_heads, KV = cfg_.n_kv_heads;
-  const int64_t F = cfg_.d_ff, QKV = (H + 2 * KV) * D, HPRE = llama_ ? 2 * F : F;
+  const int64_t N = B * T, C = cfg_.d_model, D = cfg_.head_dim(), H = local_.heads, KV = local_.kv_heads;
+  const int64_t F = local_.d_ff, QKV = (H + 2 * KV) * D, HPRE = llama_ ? 2 * F : F;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, act); };
   // In bf16 mode GEMM inputs get their own bf16 copy; in fp32 mode the copy is the tensor itself.
   auto lp = [&](const Tensor& t) { return lowp_ ? Tensor::empty(t.shape(), DType::BF16, alloc, act) : t; };
@@ -98,7 +120,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
     c.blocks.push_back(std::move(a));
   }
   c.nf_mean = f32({N}), c.nf_rstd = f32({N}), c.nf_out = f32_or_scratch({N, C}), c.nf_lp = lp(c.nf_out);
-  c.logits = f32({N, cfg_.vocab_size});
+  c.logits = f32({N, local_.vocab});
   c.losses = f32({N});
   c.d_res = f32({N, C}), c.d_norm = f32({N, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
@@ -128,46 +150,47 @@ void Transformer::norm_backward(const NormViews& n, const Tensor& dx, const Tens
 void Transformer::block_forward(const Block& blk, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
                                 const kernels::AttentionShape& s) {
   auto& be = backend_;
-  auto bias = [](const LinearViews& v) { return v.has_bias() ? &v.b : nullptr; };
-  // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in))))
+  auto& ops = *ops_;
+  // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in)))); qkv column-parallel
+  // (this rank's heads), out_proj row-parallel.
   norm_forward(blk.norm1, a.n1_out, a.n1_mean, a.n1_rstd, x_in);
   to_gemm_input(a.n1_lp, a.n1_out);
-  be.linear_forward(a.qkv, a.n1_lp, blk.qkv.w, bias(blk.qkv), false);
+  ops.column_forward(a.qkv, a.n1_lp, blk.qkv);
   if (llama_) be.rope_forward(a.qkv, rope_cos_, rope_sin_, s);
   be.attention_forward(a.att, a.lse, a.qkv, s);
   to_gemm_input(a.att_lp, a.att);
   a.x_mid.copy_from(x_in);
-  be.linear_forward(a.x_mid, a.att_lp, blk.out.w, bias(blk.out), true);
-  // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid))))
+  ops.row_forward_add(a.x_mid, a.att_lp, blk.out);
+  // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid)))); up column-, down row-parallel.
   norm_forward(blk.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
   to_gemm_input(a.n2_lp, a.n2_out);
-  be.linear_forward(a.h_pre, a.n2_lp, blk.up.w, bias(blk.up), false);
+  ops.column_forward(a.h_pre, a.n2_lp, blk.up);
   if (llama_)
     be.swiglu_forward(a.h_act, a.h_pre);
   else
     be.gelu_forward(a.h_act, a.h_pre);
   to_gemm_input(a.h_act_lp, a.h_act);
   x_out.copy_from(a.x_mid);
-  be.linear_forward(x_out, a.h_act_lp, blk.down.w, bias(blk.down), true);
+  ops.row_forward_add(x_out, a.h_act_lp, blk.down);
 }
 
 void Transformer::block_backward(const Block& blk, BlockActivations& a, ActivationContext& c, const Tensor& x_in,
                                  const kernels::AttentionShape& s) {
   auto& be = backend_;
-  auto dbias = [](const LinearViews& v) { return v.has_bias() ? &v.db : nullptr; };
+  auto& ops = *ops_;
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
-  be.linear_backward(&c.d_h_act, false, blk.down.dw, dbias(blk.down), c.d_res, a.h_act_lp, blk.down.w);
+  ops.row_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp);
   if (llama_)
     be.swiglu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
   else
     be.gelu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
-  be.linear_backward(&c.d_norm, false, blk.up.dw, dbias(blk.up), c.d_h_pre, a.n2_lp, blk.up.w);
+  ops.column_backward(&c.d_norm, blk.up, c.d_h_pre, a.n2_lp);
   norm_backward(blk.norm2, c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
-  be.linear_backward(&c.d_att, false, blk.out.dw, dbias(blk.out), c.d_res, a.att_lp, blk.out.w);
+  ops.row_backward(c.d_att, blk.out, c.d_res, a.att_lp);
   be.attention_backward(c.d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
   if (llama_) be.rope_backward(c.d_qkv, rope_cos_, rope_sin_, s);
-  be.linear_backward(&c.d_norm, false, blk.qkv.dw, dbias(blk.qkv), c.d_qkv, a.n1_lp, blk.qkv.w);
+  ops.column_backward(&c.d_norm, blk.qkv, c.d_qkv, a.n1_lp);
   norm_backward(blk.norm1, c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
 }
 
@@ -193,7 +216,7 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   h.before_forward(-1);
-  backend_.embedding_forward(c.residual[0], c.tokens, wte_, llama_ ? nullptr : &wpe_);
+  ops_->embedding_forward(c.residual[0], c.tokens, wte_, llama_ ? nullptr : &wpe_);
   h.after_forward(-1);
   for (int64_t l = 0; l < L; ++l) {
     h.before_forward(l);
@@ -203,12 +226,9 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
   h.before_forward(L);
   norm_forward(norm_f_, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[L]);
   to_gemm_input(c.nf_lp, c.nf_out);
-  backend_.linear_forward(c.logits, c.nf_lp, head_.w, nullptr, false);
+  ops_->column_forward(c.logits, c.nf_lp, head_);
   h.after_forward(L);
-  if (grad_scale > 0)
-    backend_.softmax_cross_entropy(c.losses, c.logits, c.targets, grad_scale);
-  else
-    backend_.cross_entropy_forward(c.losses, c.logits, c.targets);
+  ops_->cross_entropy(c.losses, c.logits, c.targets, cfg_.vocab_size, grad_scale);
   double sum = 0;
   const float* losses = c.losses.data<float>();
   for (int64_t i = 0; i < c.losses.numel(); ++i) sum += losses[i];
@@ -222,7 +242,7 @@ void Transformer::backward(ActivationContext& c) {
   LayerHooks& h = hooks_ ? *hooks_ : none;
   h.before_backward(L);
   // LM head: logits hold dlogits after the fused softmax-cross-entropy.
-  backend_.linear_backward(&c.d_norm, false, head_.dw, nullptr, c.logits, c.nf_lp, head_.w);
+  ops_->column_backward(&c.d_norm, head_, c.logits, c.nf_lp);
   c.d_res.fill_zero();
   norm_backward(norm_f_, c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
   h.after_backward(L);
@@ -232,7 +252,7 @@ void Transformer::backward(ActivationContext& c) {
     h.after_backward(l);
   }
   h.before_backward(-1);
-  backend_.embedding_backward(dwte_, llama_ ? nullptr : &dwpe_, c.d_res, c.tokens);
+  ops_->embedding_backward(dwte_, llama_ ? nullptr : &dwpe_, c.d_res, c.tokens);
   h.after_backward(-1);
 }
 

@@ -1,11 +1,15 @@
 // The decoder-only transformer (GPT-2 or Llama style, from the spec's config) with explicit
 // forward and backward passes over a per-micro-batch ActivationContext. The model knows nothing of
-// parallelism; it reads weights by name from the ParameterStore and runs every op on a Backend.
+// communication: it reads weights by name from the ParameterStore (this rank's shard of them, with local
+// head counts and widths), runs its linears, embedding and loss through a kernels::LayerOps (the whole
+// model, or a tensor-parallel shard) and everything else on the Backend.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "loom/kernels/backend.h"
+#include "loom/kernels/layer_ops.h"
 #include "loom/model/activations.h"
 #include "loom/model/layer_hooks.h"
 #include "loom/model/parameter_store.h"
@@ -13,20 +17,24 @@
 
 namespace loom::model {
 
-// A linear layer's views: weight as GEMMs read it, master f32 grad; bias optional (GPT-2 only).
-struct LinearViews {
-  Tensor w, dw, b, db;
-  bool has_bias() const { return b.defined(); }
-};
+using LinearViews = kernels::LinearWeights;
 struct NormViews {
   Tensor w, dw, b, db;  // b/db empty for RMSNorm
 };
 
 class Transformer {
  public:
-  Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend);
+  // ops: how the linears, embedding and loss run (nullptr: on the whole model, locally); its group size
+  // must be the tensor-parallel degree the parameter table was built for. Not owned.
+  Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
+              kernels::LayerOps* ops = nullptr);
 
   const spec::TransformerConfig& config() const { return cfg_; }
+  // This shard's widths: query heads, KV heads, MLP width and vocabulary rows (padded) per rank.
+  struct LocalWidths {
+    int64_t heads = 0, kv_heads = 0, d_ff = 0, vocab = 0;
+  };
+  const LocalWidths& local() const { return local_; }
   // Allocates a context for micro-batches of shape [B, T] (T <= max_seq).
   ActivationContext make_context(int64_t B, int64_t T) const;
 
@@ -57,6 +65,9 @@ class Transformer {
 
   spec::TransformerConfig cfg_;
   ParameterStore& params_;
+  std::unique_ptr<kernels::LayerOps> own_ops_;  // when none was given
+  kernels::LayerOps* ops_;
+  LocalWidths local_;
   LayerHooks* hooks_ = nullptr;
   kernels::Backend& backend_;
   bool llama_;

@@ -247,4 +247,32 @@ ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard) {
   return t;
 }
 
+std::vector<ArenaRange> counted_ranges(const ParamTable& table) {
+  const TableShard& sh = table.shard();
+  std::vector<ArenaRange> out;
+  for (const auto& p : table.params()) {
+    const AxisPlacement& a = p.placement.on(MeshAxis::TP);
+    const int pieces = !a.is_shard() ? 1 : a.pieces > 0 ? std::min(a.pieces, sh.tp_size) : sh.tp_size;
+    const int holders = sh.tp_size / pieces;  // ranks holding each piece
+    if (sh.tp_rank % holders != 0) continue;
+    const ArenaRange r{p.offset, p.offset + p.numel()};
+    if (!out.empty() && out.back().end == r.begin)
+      out.back().end = r.end;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<ArenaRange> intersect(const std::vector<ArenaRange>& a, const std::vector<ArenaRange>& b) {
+  std::vector<ArenaRange> out;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const int64_t lo = std::max(a[i].begin, b[j].begin), hi = std::min(a[i].end, b[j].end);
+    if (lo < hi) out.push_back({lo, hi});
+    (a[i].end < b[j].end) ? ++i : ++j;
+  }
+  return out;
+}
+
 }  // namespace loom::spec

@@ -80,6 +80,13 @@ class ParamTable {
   int64_t total_ = 0;
 };
 
+// The arena ranges (ascending, merged) whose elements this shard counts in a sum over the whole model,
+// such as the gradient norm: every global element is held by one or more tp ranks (replicated norms and
+// biases by all, a shared KV piece by tp / n_kv_heads) and counted by exactly one, the first holder.
+std::vector<ArenaRange> counted_ranges(const ParamTable& table);
+// The elements in both lists of ascending, disjoint ranges.
+std::vector<ArenaRange> intersect(const std::vector<ArenaRange>& a, const std::vector<ArenaRange>& b);
+
 // Builds the table in the order the forward pass touches the tensors. Within a layer, q/k/v (Llama)
 // and gate/up are adjacent, so one GEMM can run on their concatenation. Every tensor carries its
 // Megatron-style tensor-parallel placement (column-parallel q/k/v, fc, gate/up and the vocabulary

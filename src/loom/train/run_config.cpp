@@ -324,10 +324,11 @@ void RunConfig::validate() const {
   need(p.zero_release == "lazy" || p.zero_release == "eager",
        "parallel.zero_release = \"" + p.zero_release + "\" is not a release mode (\"lazy\" or \"eager\")");
   need(p.zero >= 0 && p.zero <= 3, "parallel.zero = " + s(p.zero) + " is not a ZeRO stage (0, 1, 2 or 3)");
-  need(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1,
+  need(p.pp == 1 && p.cp == 1 && p.ep == 1,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +
-           " is not supported yet: this build runs data parallelism only (parallel.dp = N with parallel.zero = "
-           "0..3, every other degree 1)");
+           " is not supported yet: this build runs data and tensor parallelism (parallel.dp, parallel.tp, "
+           "parallel.zero = 0..3; pp, cp and ep 1)");
+  spec::validate_tensor_parallel(model.resolved, static_cast<int>(p.tp));
   need(train.batch_size % (p.dp * micro_batch()) == 0,
        "train.batch_size = " + s(train.batch_size) + " must be divisible by parallel.dp x train.micro_batch_size = " +
            s(p.dp) + " x " + s(micro_batch()) + " (each data-parallel rank runs whole micro-batches of its share)");

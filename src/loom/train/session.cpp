@@ -14,6 +14,7 @@
 #include "loom/kernels/cpu_backend.h"
 #include "loom/kernels/peak_probe.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/parallelize.h"
 #include "loom/parallel/trace_merge.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/preemption.h"
@@ -118,7 +119,8 @@ SessionSummary Session::run() {
     write_run_manifest(cfg.train.out_dir, cfg, id);
     log.emplace(cfg.train.out_dir, /*append=*/resuming);
   }
-  Trainer trainer(cfg, backend, peak.flops_per_s, mesh ? mesh->group(spec::MeshAxis::DP) : nullptr);
+  const parallel::Parallelism par = parallel::parallelize(mesh.get(), backend);
+  Trainer trainer(cfg, backend, peak.flops_per_s, &par);
   say("data: " + trainer.data().describe());
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");
   if (o.check_replicas > 0 && trainer.zero_stage() == 3)

@@ -17,10 +17,13 @@ namespace {
 constexpr uint64_t kMomentsTag = uint64_t{0x5A4} << 40;
 }  // namespace
 
-Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, comm::ProcessGroup* dp)
+Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, const parallel::Parallelism* par)
     : cfg_(cfg),
       backend_(backend),
-      dp_(dp && dp->size() > 1 ? dp : nullptr),
+      own_par_(par ? parallel::Parallelism{} : parallel::parallelize(nullptr, backend)),
+      par_(par ? *par : own_par_),
+      dp_(par_.dp && par_.dp->size() > 1 ? par_.dp : nullptr),
+      tp_(par_.tp && par_.tp->size() > 1 ? par_.tp : nullptr),
       dp_size_(dp_ ? dp_->size() : 1),
       dp_rank_(dp_ ? dp_->rank() : 0),
       peak_flops_(peak_flops),
@@ -32,11 +35,14 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
     throw ConfigError("parallel.dp = " + std::to_string(cfg_.parallel.dp) + " but the data-parallel group has " +
                       std::to_string(dp_size_) + " rank(s): start parallel.dp ranks (loom run -n " +
                       std::to_string(cfg_.parallel.dp) + " -- loom train ...)");
+  if (par_.shard.tp_size != cfg_.parallel.tp)
+    throw ConfigError("parallel.tp = " + std::to_string(cfg_.parallel.tp) + " but the tensor-parallel group has " +
+                      std::to_string(par_.shard.tp_size) + " rank(s)");
   Allocator& alloc = backend_.allocator();
   const int64_t L = cfg_.model.resolved.n_layers;
   // ZeRO needs replicas to shard across; alone, every stage is the plain run.
   stage_ = dp_ ? static_cast<int>(cfg_.parallel.zero) : 0;
-  auto table = spec::build_param_table(cfg_.model.resolved);
+  auto table = spec::build_param_table(cfg_.model.resolved, par_.shard);
   const auto block_starts = table.block_starts(L);
   std::optional<spec::ShardPlan> plan;
   if (stage_ >= 1) plan.emplace(spec::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
@@ -60,7 +66,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
     params_->initialize(cfg_.train.seed, mine);
   else
     params_->initialize(cfg_.train.seed);
-  model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_);
+  model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get());
   optimizer_ = std::make_unique<AdamW>(
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc, mine);
   ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
@@ -108,7 +114,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   double loss_sum = 0;
   double exposed = 0;  // seconds this thread waited on dp collectives
   const double comm_cpu0 = dp_ ? dp_->stats().comm_cpu_seconds : 0;
+  const double tp_cpu0 = tp_ ? tp_->stats().comm_cpu_seconds : 0;
   const double zero_wait0 = zero_ ? zero_->wait_seconds() : 0;
+  const double tp_wait0 = par_.tp_wait_seconds();
   for (int64_t m = 0; m < n_micro; ++m) {
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
     // DDP and ZeRO-1 reduce once, during the last micro-batch's backward; ZeRO-2/3 every micro-batch
@@ -134,11 +142,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   }
   if (zero_) zero_->finish_all();
   if (dp_) loss_sum = dp_sum(loss_sum);
-  if (zero_) {  // each rank holds the summed gradient of its pieces only
-    norm = std::sqrt(dp_sum(grad_sum_squares(*params_, optimizer_->pieces())));
-  } else {
-    norm = global_grad_norm(*params_);
-  }
+  norm = gradient_norm();
   if (!std::isfinite(norm)) check_finite_gradients(step);
   const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
   const double lr = schedule_.at(step);
@@ -150,6 +154,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     if (!zero_->masters_sharded()) params_->refresh_lowp();
   }
   if (zero_) exposed += zero_->wait_seconds() - zero_wait0;
+  exposed += par_.tp_wait_seconds() - tp_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   StepMetrics s;
@@ -167,7 +172,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.tokens_per_s = static_cast<double>(step_tokens) / seconds;
   s.exposed_comm_seconds = exposed;
   s.comm_cpu_seconds = dp_ ? dp_->stats().comm_cpu_seconds - comm_cpu0 : 0;
-  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * dp_size_) : 0.0;
+  if (tp_) s.comm_cpu_seconds += tp_->stats().comm_cpu_seconds - tp_cpu0;
+  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * dp_size_ * par_.shard.tp_size) : 0.0;
   return s;
 }
 
@@ -316,6 +322,22 @@ void Trainer::weights_changed() {
 double Trainer::dp_sum(double v) const {
   if (dp_) dp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
   return v;
+}
+
+double Trainer::tp_sum(double v) const {
+  if (tp_) tp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
+  return v;
+}
+
+double Trainer::gradient_norm() const {
+  // Under ZeRO each rank holds the summed gradient of its pieces only; across tp, replicated tensors
+  // are counted on their first holder only.
+  std::vector<spec::ArenaRange> mine =
+      zero_ ? optimizer_->pieces() : std::vector<spec::ArenaRange>{{0, params_->table().total_numel()}};
+  if (tp_) mine = spec::intersect(mine, spec::counted_ranges(params_->table()));
+  double sq = grad_sum_squares(*params_, mine);
+  if (zero_) sq = dp_sum(sq);
+  return std::sqrt(tp_sum(sq));
 }
 
 void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {

@@ -11,6 +11,7 @@
 #include "loom/comm/process_group.h"
 #include "loom/kernels/backend.h"
 #include "loom/parallel/grad_buckets.h"
+#include "loom/parallel/parallelize.h"
 #include "loom/parallel/zero_engine.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
@@ -40,10 +41,12 @@ struct StepMetrics {
 class Trainer {
  public:
   // peak_flops: one rank's device peak, which MFU is measured against (0: MFU not reported).
-  // dp: the data-parallel group (nullptr or size 1: this rank trains alone). Each dp rank runs its
-  // share of every batch's samples; gradients are summed across the group after backward, so every
-  // replica takes the same step.
-  Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, comm::ProcessGroup* dp = nullptr);
+  // par: what parallel::parallelize built for this rank (nullptr: this rank trains the whole model
+  // alone). Each dp rank runs its share of every batch's samples; gradients are summed across the
+  // group after backward, so every replica takes the same step. The tp ranks of a replica run the same
+  // samples, each on its shard of the weights. Not owned; outlives the trainer.
+  Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops,
+          const parallel::Parallelism* par = nullptr);
 
   // Runs one optimizer step (step counts from 1).
   StepMetrics train_step(int64_t step);
@@ -93,12 +96,19 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
-  // Sums a value over the dp group (identity alone).
+  // Sums a value over the dp / tp group (identity alone).
   double dp_sum(double v) const;
+  double tp_sum(double v) const;
+  // The global gradient norm: every element counted once across the tp shards (and, under ZeRO, the dp
+  // pieces).
+  double gradient_norm() const;
 
   RunConfig cfg_;
   kernels::Backend& backend_;
+  parallel::Parallelism own_par_;  // when the caller gave none: the whole model, locally
+  const parallel::Parallelism& par_;
   comm::ProcessGroup* dp_;
+  comm::ProcessGroup* tp_;
   int dp_size_ = 1, dp_rank_ = 0;
   int stage_ = 0;                                   // ZeRO stage in effect (0 without dp)
   // DDP / ZeRO-1: the gradient arena in the dp group's registered memory, so the reductions read it in

@@ -1,0 +1,61 @@
+// The op interface between the transformer and the shard of the model this rank holds. The model runs
+// every linear, the embedding and the loss through it; LayerOps itself runs them on the whole model,
+// and parallel::TensorParallelOps (built by parallel::parallelize) adds the tensor-parallel collectives,
+// so the model stays free of communication. Names follow Megatron-LM:
+//   column-parallel linear: the input is whole on every rank, the output features are split;
+//   row-parallel linear:    the input features are split, the output is the sum over the group.
+// With sequence parallelism the whole-input / summed-output sides become all-gather / reduce-scatter
+// along the sequence: the same four calls, other collectives.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/kernels/backend.h"
+
+namespace loom::kernels {
+
+// A linear layer's views: the weight as GEMMs read it (bf16 copy in bf16 mode), its f32 gradient, and
+// optionally a bias (GPT-2). Rows [shared_begin, shared_end) of the weight (and bias) are a piece that
+// `shared_by` consecutive tensor-parallel ranks hold alike (grouped-query KV heads at tp > n_kv_heads):
+// their gradients are summed over those ranks, so the replicas stay equal.
+struct LinearWeights {
+  Tensor w, dw, b, db;
+  int64_t shared_begin = 0, shared_end = 0;
+  int shared_by = 1;
+  bool has_bias() const { return b.defined(); }
+};
+
+class LayerOps {
+ public:
+  explicit LayerOps(Backend& backend) : be_(backend) {}
+  virtual ~LayerOps() = default;
+  LayerOps(const LayerOps&) = delete;
+  LayerOps& operator=(const LayerOps&) = delete;
+
+  Backend& backend() const { return be_; }
+  // This rank's place in the tensor-parallel group (0 of 1 for the whole model).
+  virtual int rank() const { return 0; }
+  virtual int size() const { return 1; }
+
+  // y[N, OC/tp] = x[N, IC] . w^T (+ b).
+  virtual void column_forward(const Tensor& y, const Tensor& x, const LinearWeights& l);
+  // dx[N, IC] = dy . w summed over the group (skipped when dx is null); dw += dy^T . x; db += sum dy.
+  virtual void column_backward(const Tensor* dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
+  // y[N, OC] += sum over the group of x[N, IC/tp] . w^T, plus b once.
+  virtual void row_forward_add(const Tensor& y, const Tensor& x, const LinearWeights& l);
+  // dx[N, IC/tp] = dy . w; dw += dy^T . x; db += sum dy (dy whole on every rank).
+  virtual void row_backward(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
+
+  // out[N, C] = wte[tokens] (+ wpe[position]); wte holds this rank's rows of the vocabulary.
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe);
+  virtual void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens);
+  // Per-row losses over logits [N, V/tp] (this rank's vocabulary columns of a vocab_size vocabulary);
+  // with grad_scale > 0 the logits become dlogits * grad_scale, else they are left as they are.
+  virtual void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                             float grad_scale);
+
+ protected:
+  Backend& be_;
+};
+
+}  // namespace loom::kernels

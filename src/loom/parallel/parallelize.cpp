@@ -1,0 +1,28 @@
+#include "loom/parallel/parallelize.h"
+
+#include "loom/parallel/tensor_parallel_ops.h"
+
+namespace loom::parallel {
+
+double Parallelism::tp_wait_seconds() const {
+  auto* t = dynamic_cast<const TensorParallelOps*>(ops.get());
+  return t ? t->wait_seconds() : 0.0;
+}
+
+Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend) {
+  Parallelism p;
+  if (mesh) {
+    p.dp = mesh->group(spec::MeshAxis::DP);
+    p.tp = mesh->group(spec::MeshAxis::TP);
+    p.world = mesh->shape().world();
+  }
+  if (p.tp) {
+    p.shard = {p.tp->rank(), p.tp->size()};
+    p.ops = std::make_unique<TensorParallelOps>(backend, *p.tp);
+  } else {
+    p.ops = std::make_unique<kernels::LayerOps>(backend);
+  }
+  return p;
+}
+
+}  // namespace loom::parallel

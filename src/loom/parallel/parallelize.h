@@ -1,0 +1,30 @@
+// The one step that turns a device mesh into what a run needs, for every axis: the groups each part
+// of the engine talks over, this rank's shard of the parameter table, and the model's layer ops
+// (tensor-parallel where tp > 1). Pipeline, context and expert parallelism add their pieces here.
+#pragma once
+
+#include <memory>
+
+#include "loom/comm/process_group.h"
+#include "loom/kernels/layer_ops.h"
+#include "loom/parallel/mesh.h"
+#include "loom/spec/param_table.h"
+
+namespace loom::parallel {
+
+struct Parallelism {
+  comm::ProcessGroup* dp = nullptr;  // the data-parallel group; nullptr when dp = 1
+  comm::ProcessGroup* tp = nullptr;  // the tensor-parallel group; nullptr when tp = 1
+  spec::TableShard shard;            // this rank's tensor-parallel shard of every weight
+  std::unique_ptr<kernels::LayerOps> ops;  // how the model's linears, embedding and loss run here
+  int world = 1;                     // ranks in the job (the peak MFU is measured against)
+  int dp_size() const { return dp ? dp->size() : 1; }
+  int dp_rank() const { return dp ? dp->rank() : 0; }
+  // Exposed seconds this rank waited on tensor-parallel collectives so far (0 without tp).
+  double tp_wait_seconds() const;
+};
+
+// mesh: nullptr for a single-rank run (everything local).
+Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend);
+
+}  // namespace loom::parallel
