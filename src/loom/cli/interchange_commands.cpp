@@ -41,6 +41,11 @@ int run_import(const std::string& in, const std::string& config, const std::vect
     cfg = train::parse_run_config(embedded, in + " (loom_config)", sets);
   }
   cfg.checkpoint.dir = out;
+  // The import runs on this one process: the layout the model was (or will be) trained with does not
+  // matter to whole tensors, and a resume may pick any.
+  cfg.parallel.dp = cfg.parallel.tp = 1;
+  cfg.parallel.zero = 0;
+  cfg.validate();
   Allocator alloc;
   kernels::CpuBackend backend(alloc, nullptr, resolve_threads(cfg.train.threads));
   train::Trainer trainer(cfg, backend, 0);

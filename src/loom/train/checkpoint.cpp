@@ -64,16 +64,16 @@ struct Tensors {
 // "exp_avg.<name>" / "exp_avg_sq.<name>" (PyTorch's AdamW state names).
 Tensors collect(Trainer& t) {
   Tensors out;
-  auto& params = t.params();
   const auto moments = t.full_moments();
-  for (const auto& p : params.table().params()) {
+  const float* master = t.full_master();
+  for (const auto& p : t.full_table().params()) {
     auto add = [&](std::vector<SafetensorsEntry>& file, const char* file_name, const std::string& key, const float* data) {
       size_t bytes = static_cast<size_t>(p.numel()) * sizeof(float);
       file.push_back({key, DType::F32, p.shape, data, bytes});
       out.index.push_back({{"name", key}, {"param", p.name}, {"file", file_name}, {"dtype", "F32"}, {"shape", p.shape},
                            {"placement", p.placement.str()}, {"checksum", checksum_hex(checksum64(data, bytes))}});
     };
-    add(out.model, "model.safetensors", p.name, params.master().data<float>() + p.offset);
+    add(out.model, "model.safetensors", p.name, master + p.offset);
     add(out.optimizer, "optimizer.safetensors", "exp_avg." + p.name, moments.m + p.offset);
     add(out.optimizer, "optimizer.safetensors", "exp_avg_sq." + p.name, moments.v + p.offset);
   }
@@ -141,7 +141,10 @@ std::string CheckpointManager::save(Trainer& trainer, int64_t step) {
                   {"run_id", run_id_},
                   {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
                                        std::chrono::system_clock::now().time_since_epoch()).count()},
-                  {"world", {{"ranks", 1}, {"layout", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 1}, {"ep", 1}, {"zero", 0}}}}},
+                  // Whole tensors whatever the layout: what the run was trained with, for the record.
+                  {"world", {{"ranks", cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp},
+                             {"layout", {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp},
+                                         {"cp", cfg.parallel.cp}, {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero}}}}},
                   {"optimizer", {{"type", "adamw"}, {"steps", trainer.optimizer().steps_taken()}}},
                   {"schedule", {{"step", step}}},
                   {"data", {{"source", cfg.data.source}, {"seed", cfg.train.seed},
@@ -203,6 +206,18 @@ void copy_overlap(float* dst, const spec::ArenaRange& r, const spec::ParamSpec& 
     std::memcpy(dst + (a - r.begin), static_cast<const float*>(src) + (a - p.offset), static_cast<size_t>(b - a) * sizeof(float));
 }
 
+// A checkpoint holds whole tensors; a tensor-parallel rank reads its shard of one (padding: zeros).
+// Returns `whole` itself for a whole-model table, else the shard cut into `buffer`.
+const void* shard_of(const void* whole, const spec::ParamSpec& p, const spec::ParamTable& table,
+                     std::vector<float>& buffer) {
+  if (table.shard().whole()) return whole;
+  buffer.assign(static_cast<size_t>(p.numel()), 0.0f);
+  const float* src = static_cast<const float*>(whole);
+  for (int64_t i = 0; i < p.numel(); ++i)
+    if (const int64_t g = table.global_element(p, i); g >= 0) buffer[static_cast<size_t>(i)] = src[g];
+  return buffer.data();
+}
+
 // Copies every tensor the manifest lists into the parameter (and, when given, optimizer) arenas,
 // verifying shape and checksum first; a damaged tensor is named and nothing is half-trusted.
 // weights_kept: the arena ranges whose weights this rank holds (a ZeRO-3 shard); empty means all.
@@ -212,6 +227,7 @@ void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::Param
   std::optional<SafetensorsFile> opt;
   if (adam) opt.emplace((dir / "optimizer.safetensors").string());
   size_t model_tensors = 0, optimizer_tensors = 0;
+  std::vector<float> shard;  // this rank's part of the tensor being read
   for (const auto& entry : m.tensors) {
     const std::string& key = entry.name;
     const bool is_model = entry.model;
@@ -220,22 +236,23 @@ void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::Param
     optimizer_tensors += !is_model;
     const auto& spec = params.table().at(entry.param);
     const auto& e = is_model ? model.at(key) : opt->at(key);
-    if (e.dtype != DType::F32 || e.shape != spec.shape)
+    if (e.dtype != DType::F32 || e.shape != spec.global_shape)
       throw IoError("checkpoint tensor '" + key + "' has shape " + json(e.shape).dump() + ", the model expects " +
-                    json(spec.shape).dump());
+                    json(spec.global_shape).dump());
     if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.checksum)
       throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
                     "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
+    const void* data = shard_of(e.data, spec, params.table(), shard);
     if (is_model) {
       if (weights_kept.empty())
-        std::memcpy(params.master().data<float>() + spec.offset, e.data, e.nbytes);
-      for (const auto& r : weights_kept) copy_overlap(params.master().data<float>() + r.begin, r, spec, e.data);
+        std::memcpy(params.master().data<float>() + spec.offset, data, static_cast<size_t>(spec.numel()) * sizeof(float));
+      for (const auto& r : weights_kept) copy_overlap(params.master().data<float>() + r.begin, r, spec, data);
       continue;
     }
     // Moments: only the parts inside this rank's optimizer pieces (all of it without ZeRO).
     float* local = key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>() : adam->m().data<float>();
     for (size_t k = 0; k < adam->pieces().size(); ++k)
-      copy_overlap(local + adam->local_offset(k), adam->pieces()[k], spec, e.data);
+      copy_overlap(local + adam->local_offset(k), adam->pieces()[k], spec, data);
   }
   if (model_tensors != params.table().params().size())
     throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(model_tensors) +
@@ -291,10 +308,11 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
       if (!la.empty() && la[0] == '[') section = la.substr(1, la.size() - 2) + ".";
       if (la == lb) continue;
       std::string key = section + la.substr(0, la.find(' '));
-      // Data parallelism and ZeRO-1 save whole tensors (rank 0's replica, moments gathered from the
-      // shards), so dp, zero and the bucket size may change on resume; a different model or a sharded
-      // layout (tp, pp, ...) may not.
-      const bool free_layout_key = key == "parallel.dp" || key == "parallel.zero" || key == "parallel.bucket_kb";
+      // Every layout saves whole tensors (rank 0's replica, ZeRO pieces and tp shards gathered), so dp,
+      // tp, zero and the bucket size may change on resume; a different model, or an axis this build does
+      // not reshard yet (pp, cp, ep), may not.
+      const bool free_layout_key = key == "parallel.dp" || key == "parallel.tp" || key == "parallel.zero" ||
+                                   key == "parallel.bucket_kb" || key == "parallel.sequence_parallel";
       if (section == "model." || (section == "parallel." && !free_layout_key))
         throw ConfigError("checkpoint '" + dir.string() + "' was made with " + key + " = " + la.substr(la.find('=') + 2) +
                           ", this run has " + lb.substr(lb.find('=') + 2) + "; resume with the checkpoint's model and layout");

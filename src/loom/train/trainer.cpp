@@ -15,6 +15,8 @@ namespace loom::train {
 namespace {
 // Point-to-point tags of a checkpoint's moment gather (two per unit), clear of any other sender's.
 constexpr uint64_t kMomentsTag = uint64_t{0x5A4} << 40;
+// ... and of its tensor-parallel shard gather (three per rank: master, m, v).
+constexpr uint64_t kTpShardTag = uint64_t{0x5A5} << 40;
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, const parallel::Parallelism* par)
@@ -245,14 +247,75 @@ void Trainer::check_replicas(int64_t step) {
                            "); the ranks no longer train the same model. Report this with the config");
 }
 
+const spec::ParamTable& Trainer::full_table() const { return tp_ ? whole_table_ : params_->table(); }
+
+const float* Trainer::full_master() const {
+  if (!tp_) return params_->master().data<float>();
+  if (!whole_master_.numel()) throw Error("internal: a tensor-parallel checkpoint needs gather_full_state() first");
+  return whole_master_.data<float>();
+}
+
+void Trainer::gather_tp_shards() {
+  // Only dp rank 0's replica is saved; its tp group gathers on tp rank 0 (global rank 0).
+  if (!tp_ || dp_rank_ != 0) return;
+  const Moments local = [&]() -> Moments {
+    if (!zero_) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
+    return {gathered_m_.data<float>(), gathered_v_.data<float>()};
+  }();
+  const float* mine[3] = {params_->master().data<float>(), local.m, local.v};
+  const auto n_local = static_cast<size_t>(params_->table().total_numel());
+  const int tp_rank = tp_->rank(), tp_size = tp_->size();
+  if (tp_rank != 0) {
+    std::vector<comm::Work> works;
+    for (int k = 0; k < 3; ++k) works.push_back(tp_->send(mine[k], n_local, DType::F32, 0, kTpShardTag + k));
+    for (auto& w : works) w.wait();
+    return;
+  }
+  Allocator& alloc = backend_.allocator();
+  whole_table_ = spec::build_param_table(cfg_.model.resolved);
+  const int64_t total = whole_table_.total_numel();
+  Tensor* whole[3] = {&whole_master_, &whole_m_, &whole_v_};
+  const MemCategory cats[3] = {MemCategory::Parameters, MemCategory::Optimizer, MemCategory::Optimizer};
+  for (int k = 0; k < 3; ++k) *whole[k] = Tensor::empty({total}, DType::F32, alloc, cats[k]);
+  for (int r = 0; r < tp_size; ++r) {
+    const auto table = spec::build_param_table(cfg_.model.resolved, {r, tp_size});
+    Tensor staged;
+    const float* src[3] = {mine[0], mine[1], mine[2]};
+    if (r != 0) {
+      const int64_t n = table.total_numel();
+      staged = Tensor::empty({3 * n}, DType::F32, alloc, MemCategory::Workspace);
+      std::vector<comm::Work> works;
+      for (int k = 0; k < 3; ++k) {
+        works.push_back(tp_->recv(staged.data<float>() + k * n, static_cast<size_t>(n), DType::F32, r, kTpShardTag + k));
+        src[k] = staged.data<float>() + k * n;
+      }
+      for (auto& w : works) w.wait();
+    }
+    // Every element of the shard to its place in the whole tensor (replicated ones arrive from every
+    // holder with the same bits; padding has no place).
+    for (const auto& p : table.params()) {
+      const int64_t dst = whole_table_.at(p.name).offset;
+      for (int64_t i = 0; i < p.numel(); ++i) {
+        const int64_t g = table.global_element(p, i);
+        if (g < 0) continue;
+        for (int k = 0; k < 3; ++k) whole[k]->data<float>()[dst + g] = src[k][p.offset + i];
+      }
+    }
+  }
+}
+
 Trainer::Moments Trainer::full_moments() const {
+  if (tp_) {
+    if (!whole_m_.numel()) throw Error("internal: a tensor-parallel checkpoint needs gather_full_state() first");
+    return {whole_m_.data<float>(), whole_v_.data<float>()};
+  }
   if (!zero_) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
   if (!gathered_m_.numel()) throw Error("internal: a ZeRO checkpoint needs gather_full_state() on every rank first");
   return {gathered_m_.data<float>(), gathered_v_.data<float>()};
 }
 
 void Trainer::gather_full_state() {
-  if (!zero_) return;
+  if (!zero_) return gather_tp_shards();
   const auto& plan = zero_->plan();
   const float* m = optimizer_->m().data<float>();
   const float* v = optimizer_->v().data<float>();
@@ -291,11 +354,13 @@ void Trainer::gather_full_state() {
   }
   for (auto& w : works) w.wait();
   zero_->gather_full_masters(0);  // where the masters are sharded (ZeRO-3; ZeRO-1/2 in bf16)
+  gather_tp_shards();
 }
 
 void Trainer::release_full_state() {
   gathered_m_ = Tensor();
   gathered_v_ = Tensor();
+  whole_master_ = whole_m_ = whole_v_ = Tensor();
   if (zero_) zero_->release_all();
 }
 

@@ -62,11 +62,18 @@ class Trainer {
   // pieces: gather_full_state() (collective over the dp group: every rank calls it before dp rank 0
   // saves) assembles the full moments, and under ZeRO-3 the full weights, on dp rank 0 (the others
   // send their pieces); release_full_state() gives that memory back.
+  //
+  // Under tensor parallelism gather_full_state() then also assembles the whole tensors from every tp
+  // shard on global rank 0 (laid out by the whole model's table), so a checkpoint holds full Hugging
+  // Face tensors whatever the layout. full_table(), full_master() and full_moments() are what a save
+  // writes: this rank's own state where nothing is sharded.
   struct Moments {
     const float* m;
     const float* v;
   };
   Moments full_moments() const;
+  const spec::ParamTable& full_table() const;
+  const float* full_master() const;
   void gather_full_state();
   void release_full_state();
   // The arena ranges whose weights this rank holds at rest: its pieces under ZeRO-3, else all (empty).
@@ -96,6 +103,9 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
+  // Tensor parallelism: the tp shards of dp rank 0 gathered into whole tensors on tp rank 0.
+  void gather_tp_shards();
+
   // Sums a value over the dp / tp group (identity alone).
   double dp_sum(double v) const;
   double tp_sum(double v) const;
@@ -123,6 +133,8 @@ class Trainer {
   std::unique_ptr<parallel::ZeroEngine> zero_;      // ZeRO-1/2/3
   std::unique_ptr<StepHooks> hooks_;                // what dp does around each unit
   Tensor gathered_m_, gathered_v_;                  // ZeRO: full moments while a checkpoint is saved
+  spec::ParamTable whole_table_;                    // tp: the whole model's table
+  Tensor whole_master_, whole_m_, whole_v_;         // tp: whole tensors while a checkpoint is saved
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
   std::unique_ptr<TokenSource> data_;
