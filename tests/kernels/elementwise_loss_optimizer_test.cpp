@@ -115,6 +115,50 @@ TEST_F(ElementwiseTest, SoftmaxCrossEntropyKeepsLossAccurateForUnlikelyTargets) 
 
 // ============================ bias gradient ============================
 
+// Vocabulary-parallel: R ranks each hold V / R columns (the last padded when R does not divide V);
+// partials on every rank, one "all-gather" (a concatenation here), finish on every rank. Losses and each
+// rank's dlogits columns must be the whole-vocabulary float64 answer.
+TEST_F(ElementwiseTest, VocabularyParallelCrossEntropyMatchesTheWholeVocabulary) {
+  struct Case {
+    int64_t N, V;
+    int R;
+  };
+  for (auto [N, V, R] : {Case{7, 1000, 2}, Case{47, 1000, 3}, Case{33, 8191, 4}, Case{5, 10, 8}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " V=" + std::to_string(V) + " R=" + std::to_string(R));
+    Vec logits = normal(N * V, 0.0f, 3.0f);
+    for (int64_t v = 0; v < V; ++v) logits[V + v] += 80.0f;
+    auto targets = tokens(N, static_cast<int32_t>(V));
+    targets[2] = -1;
+    targets[3] = static_cast<int32_t>(V - 1);  // in the last (padded) shard
+    const float grad_scale = 1.0f / static_cast<float>(N);
+    DVec want_loss, want_dlogits;
+    naive_cross_entropy(want_loss, want_dlogits, to_double(logits), targets, N, V, grad_scale);
+    const int64_t Vl = (V + R - 1) / R;  // columns per rank, padded
+    std::vector<Vec> shard(static_cast<size_t>(R));
+    Vec gathered(static_cast<size_t>(R * N * 3));
+    for (int r = 0; r < R; ++r) {
+      auto& x = shard[static_cast<size_t>(r)];
+      x.assign(static_cast<size_t>(N * Vl), 123.0f);  // padding columns hold garbage: they must not count
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < Vl && r * Vl + c < V; ++c) x[n * Vl + c] = logits[n * V + r * Vl + c];
+      vocab_shard_partials(gathered.data() + r * N * 3, x.data(), targets.data(), N, Vl, r * Vl, V, true);
+    }
+    for (bool train : {true, false}) {
+      for (int r = 0; r < R; ++r) {
+        Vec x = shard[static_cast<size_t>(r)], losses(N, -1.0f);
+        vocab_shard_finish(losses.data(), train ? x.data() : nullptr, targets.data(), gathered.data(), R, r, N, Vl, V,
+                           grad_scale);
+        EXPECT_TRUE(close_to(losses, want_loss, 1e-5)) << "rank " << r;
+        if (!train) continue;
+        DVec want(static_cast<size_t>(N * Vl), 0.0);
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = 0; c < Vl && r * Vl + c < V; ++c) want[n * Vl + c] = want_dlogits[n * V + r * Vl + c];
+        EXPECT_TRUE(close_to(x, want, 1e-5)) << "rank " << r << " dlogits";
+      }
+    }
+  }
+}
+
 TEST_F(ElementwiseTest, BiasBackwardAccumulatesColumnSumsBitwiseLikeReferenceForAnyThreadCount) {
   struct Shape {
     int64_t N, OC;

@@ -209,3 +209,43 @@ TEST(ParamTableShard, WidthsTpCannotSplitAreRefusedNamingTheNumbersAndValidDegre
   EXPECT_NE(error(f, 4).find("model.d_ff = 258"), std::string::npos) << error(f, 4);
   EXPECT_EQ(error(preset("tiny"), 4), "");
 }
+
+namespace loom::spec {
+namespace {
+
+// A gradient norm over tp shards must count every element of the whole model exactly once: replicated
+// norms and biases on one rank, a KV head shared by tp / n_kv_heads ranks on one of them, padding nowhere.
+TEST(ParamTableShard, CountedRangesCountEveryGlobalElementExactlyOnce) {
+  struct Case {
+    const char* preset;
+    int64_t kv, vocab;
+  };
+  for (auto [name, kv, vocab] : {Case{"tiny", 0, 513}, Case{"tiny-llama", 2, 512}, Case{"tiny-llama", 1, 511}})
+    for (int tp : {1, 2, 4}) {
+      auto c = preset(name);
+      if (kv) c.n_kv_heads = kv;
+      c.vocab_size = vocab;
+      const auto whole = build_param_table(c);
+      std::vector<int> counted(static_cast<size_t>(whole.total_numel()), 0);
+      for (int r = 0; r < tp; ++r) {
+        const auto t = build_param_table(c, TableShard{r, tp});
+        const auto ranges = counted_ranges(t);
+        for (const auto& p : t.params())
+          for (const auto& range : intersect(ranges, {{p.offset, p.offset + p.numel()}}))
+            for (int64_t a = range.begin; a < range.end; ++a)
+              if (const int64_t g = t.global_element(p, a - p.offset); g >= 0)
+                ++counted.at(static_cast<size_t>(whole.at(p.name).offset + g));
+      }
+      for (size_t i = 0; i < counted.size(); ++i)
+        ASSERT_EQ(counted[i], 1) << name << " kv=" << kv << " tp=" << tp << " element " << i;
+    }
+}
+
+TEST(ArenaRanges, IntersectKeepsOnlyCommonElements) {
+  const std::vector<ArenaRange> a{{0, 10}, {20, 30}}, b{{5, 25}, {28, 40}};
+  EXPECT_EQ(intersect(a, b), (std::vector<ArenaRange>{{5, 10}, {20, 25}, {28, 30}}));
+  EXPECT_TRUE(intersect(a, {}).empty());
+}
+
+}  // namespace
+}  // namespace loom::spec
