@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "run_metrics.h"
 #include "loom/core/safetensors.h"
 #include "loom/spec/param_table.h"
 
@@ -17,13 +18,6 @@ namespace loom::test {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<double> losses(const std::filesystem::path& dir) {
-  std::vector<double> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
 
 std::vector<double> val_losses(const std::filesystem::path& dir) {
   std::vector<double> out;
@@ -44,14 +38,6 @@ std::filesystem::path train_dp(const std::string& name, int ranks, const std::st
                     extra);
   EXPECT_EQ(r.rc, 0) << r.err;
   return dir;
-}
-
-double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), 1e-12));
-  return worst;
 }
 
 // Largest over tensors of ||a - b|| / ||a||. Element-wise ratios would be meaningless: AdamW turns a

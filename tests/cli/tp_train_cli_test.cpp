@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "run_metrics.h"
 #include "loom/core/safetensors.h"
 
 namespace loom::test {
@@ -20,21 +21,6 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 const std::string kTiny = "--config " LOOM_SOURCE_DIR "/configs/tiny.toml ";
-
-std::vector<double> losses(const fs::path& dir) {
-  std::vector<double> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
-
-double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), 1e-12));
-  return worst;
-}
 
 // Trains `ranks` ranks with `sets`; returns the run folder (metrics in out/, checkpoints in ck/).
 fs::path train(const std::string& name, int ranks, const std::string& sets) {

@@ -1,0 +1,33 @@
+// Reading a run's metrics.jsonl in the CLI tests, and comparing loss curves.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace loom::test {
+
+// The training loss of every step the run logged in `dir`/metrics.jsonl.
+inline std::vector<double> losses(const std::filesystem::path& dir) {
+  std::vector<double> out;
+  std::ifstream f(dir / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return out;
+}
+
+// Largest relative difference between two curves of the same length.
+inline double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), 1e-12));
+  return worst;
+}
+
+}  // namespace loom::test
