@@ -38,7 +38,8 @@ struct Layout {
   int ranks = 1;
 };
 
-// "dp=4,zero=1" -> {parallel.dp=4, parallel.zero=1}; ranks = dp * tp * pp * cp.
+// "dp=4,zero=1" -> {parallel.dp=4, parallel.zero=1}; "tp=2,sp=1" -> {parallel.tp=2,
+// parallel.sequence_parallel=true}; ranks = dp * tp * pp * cp.
 std::vector<Layout> parse_layouts(const std::string& spec) {
   std::vector<Layout> out;
   size_t start = 0;
@@ -57,16 +58,23 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
       const auto eq = kv.find('=');
       const std::string key = kv.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : kv.substr(eq + 1);
-      static const std::vector<std::string> known = {"dp", "tp", "pp", "cp", "ep", "zero", "bucket_kb"};
+      static const std::vector<std::string> known = {"dp", "tp", "pp", "cp", "ep", "zero", "bucket_kb", "sp", "overlap"};
       if (eq == std::string::npos || std::find(known.begin(), known.end(), key) == known.end())
         throw ConfigError(fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, ep, zero, "
-                                      "bucket_kb (e.g. --layouts \"dp=1;dp=2;dp=4,zero=1\")",
+                                      "bucket_kb, sp, overlap (e.g. --layouts \"dp=1;dp=2;tp=2,sp=1;dp=4,zero=1\")",
                                       kv, item));
       char* endp = nullptr;
       const long v = std::strtol(value.c_str(), &endp, 10);
       if (value.empty() || *endp != '\0' || v < 0 || v > 65536)
         throw ConfigError(fmt::format("--layouts: {} = '{}' in '{}' is not a non-negative integer", key, value, item));
       if (key == "dp" || key == "tp" || key == "pp" || key == "cp") l.ranks *= std::max<long>(v, 1);
+      // sp and overlap are switches: 1 on, 0 off.
+      if (key == "sp" || key == "overlap") {
+        if (v > 1) throw ConfigError(fmt::format("--layouts: {} = {} in '{}' must be 0 or 1", key, value, item));
+        l.sets.push_back(std::string(key == "sp" ? "parallel.sequence_parallel=" : "parallel.tp_overlap=") +
+                         (v ? "true" : "false"));
+        continue;
+      }
       l.sets.push_back("parallel." + key + "=" + value);
     }
     out.push_back(std::move(l));
@@ -165,7 +173,8 @@ void register_verify(CLI::App& app, Action& action) {
   cmd->add_option("-c,--config", a->config, "TOML config (as for loom train)")->check(CLI::ExistingFile);
   cmd->add_option("--set", a->sets, "key=value overrides (as for loom train)");
   cmd->add_option("--layouts", a->layouts, "layouts separated by ';', keys by ',' (default \"dp=1;dp=2\"), "
-                                           "e.g. \"dp=1;dp=2;dp=4,zero=1\"; the first is the reference");
+                                           "e.g. \"dp=1;dp=2;tp=2,sp=1;dp=4,zero=1\" (keys dp tp pp cp ep zero "
+                                           "bucket_kb, sp and overlap 0/1); the first is the reference");
   cmd->add_option("--steps", a->steps, "steps per layout (default 10: past warm-up)");
   cmd->add_option("--tolerance", a->tolerance, "largest relative loss difference allowed (default fp32 1e-5, bf16 1e-2)");
   cmd->add_flag("--keep", a->keep, "keep each run's folder (metrics, log) for inspection");

@@ -25,8 +25,10 @@ class Backend {
   // y[N,OC] (+)= x[N,IC] . w[OC,IC]^T (+ b[OC]); x and w both f32 or both bf16; y, b f32.
   virtual void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b,
                               bool accumulate) = 0;
-  // dx (+)= dy . w (skipped when dx is null); dw += dy^T . x; db += column sums of dy (when non-null).
-  // dy is f32; when x and w are bf16 it is rounded to bf16 once for both GEMMs.
+  // dx (+)= dy . w (skipped when dx is null); dw += dy^T . x (skipped when dw is undefined: then x is
+  // not read, only its shape checked); db += column sums of dy (when non-null). dy is f32; when x and w
+  // are bf16 it is rounded to bf16 once for both GEMMs. Calling it twice, input gradient first, lets a
+  // collective on dx run while the weight gradient is computed.
   virtual void linear_backward(const Tensor* dx, bool dx_accumulate, const Tensor& dw, const Tensor* db,
                                const Tensor& dy, const Tensor& x, const Tensor& w) = 0;
 

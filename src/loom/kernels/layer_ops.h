@@ -36,7 +36,17 @@ class LayerOps {
   // This rank's place in the tensor-parallel group (0 of 1 for the whole model).
   virtual int rank() const { return 0; }
   virtual int size() const { return 1; }
+  // Into how many runs the residual stream's token rows are split: 1, or tp under sequence parallelism
+  // (rank r holds rows [r N / tp, (r + 1) N / tp) of a micro-batch's N = B x T: norms, residual adds and the
+  // embedding output are computed on those alone).
+  virtual int sequence_shards() const { return 1; }
+  // Sums `t` over the group in place: under sequence parallelism, the norms' weight gradients of one
+  // micro-batch, which each rank computed over its rows only. A no-op otherwise.
+  virtual void sum_partial_grads(const Tensor& /*t*/) {}
 
+  // Shapes below are for one micro-batch of N token rows; under sequence parallelism every [N, C] that
+  // is the residual stream's (x of column_*, y of row_forward_add, dy of row_backward, the embedding's
+  // out) holds this rank's N / tp rows instead.
   // y[N, OC/tp] = x[N, IC] . w^T (+ b).
   virtual void column_forward(const Tensor& y, const Tensor& x, const LinearWeights& l);
   // dx[N, IC] = dy . w summed over the group (skipped when dx is null); dw += dy^T . x; db += sum dy.

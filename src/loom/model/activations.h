@@ -28,6 +28,8 @@ struct BlockActivations {
 struct ActivationContext {
   int64_t B = 0, T = 0;
   Tensor tokens, targets;                // I32 [B, T]
+  // Under sequence parallelism every [N, C] of the residual stream below (residual, the norms' tensors,
+  // x_mid, d_res, d_norm) holds this rank's N / tp rows.
   std::vector<Tensor> residual;          // L + 1 tensors [N, C]: input of each block, then the last output
   std::vector<BlockActivations> blocks;  // L
   Tensor nf_mean, nf_rstd, nf_out, nf_lp;  // final norm
@@ -35,6 +37,9 @@ struct ActivationContext {
   Tensor losses;                         // [N]
   // Backward scratch, shared by all blocks.
   Tensor d_res, d_norm, d_att, d_qkv, d_h_act, d_h_pre;
+  // Under sequence parallelism: one block's partial norm gradients [4 C] before they are summed over
+  // the group (undefined otherwise).
+  Tensor norm_grads;
   int64_t valid_targets = 0;             // targets >= 0 in this micro-batch
 };
 

@@ -97,6 +97,12 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
   const auto act = MemCategory::Activations;
   const int64_t N = B * T, C = cfg_.d_model, D = cfg_.head_dim(), H = local_.heads, KV = local_.kv_heads;
   const int64_t F = local_.d_ff, QKV = (H + 2 * KV) * D, HPRE = llama_ ? 2 * F : F;
+  // The residual stream's rows this rank holds: all N, or N / tp under sequence parallelism.
+  const int64_t S = ops_->sequence_shards();
+  if (N % S != 0)
+    throw ConfigError("sequence parallelism over " + std::to_string(S) + " ranks cannot split a micro-batch of " +
+                      std::to_string(B) + " x " + std::to_string(T) + " token rows evenly");
+  const int64_t R = N / S;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, act); };
   // In bf16 mode GEMM inputs get their own bf16 copy; in fp32 mode the copy is the tensor itself.
   auto lp = [&](const Tensor& t) { return lowp_ ? Tensor::empty(t.shape(), DType::BF16, alloc, act) : t; };
@@ -104,25 +110,26 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
   c.B = B, c.T = T;
   c.tokens = Tensor::empty({B, T}, DType::I32, alloc, act);
   c.targets = Tensor::empty({B, T}, DType::I32, alloc, act);
-  for (int64_t l = 0; l <= cfg_.n_layers; ++l) c.residual.push_back(f32({N, C}));
+  for (int64_t l = 0; l <= cfg_.n_layers; ++l) c.residual.push_back(f32({R, C}));
   // In bf16 mode the f32 outputs of the norms and the MLP activation only feed a cast to the bf16 copy
   // that GEMMs and backward read, so every layer writes them into one shared scratch. In fp32 mode
   // they are the saved tensors themselves and each layer keeps its own.
-  Tensor scratch = lowp_ ? f32({N * std::max(C, F)}) : Tensor();
+  Tensor scratch = lowp_ ? f32({std::max(R * C, N * F)}) : Tensor();
   auto f32_or_scratch = [&](Shape s) { return lowp_ ? scratch.view(0, s) : f32(s); };
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     BlockActivations a;
-    a.n1_mean = f32({N}), a.n1_rstd = f32({N}), a.n1_out = f32_or_scratch({N, C}), a.n1_lp = lp(a.n1_out);
+    a.n1_mean = f32({R}), a.n1_rstd = f32({R}), a.n1_out = f32_or_scratch({R, C}), a.n1_lp = lp(a.n1_out);
     a.qkv = f32({N, QKV}), a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
-    a.x_mid = f32({N, C});
-    a.n2_mean = f32({N}), a.n2_rstd = f32({N}), a.n2_out = f32_or_scratch({N, C}), a.n2_lp = lp(a.n2_out);
+    a.x_mid = f32({R, C});
+    a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = f32_or_scratch({R, C}), a.n2_lp = lp(a.n2_out);
     a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
     c.blocks.push_back(std::move(a));
   }
-  c.nf_mean = f32({N}), c.nf_rstd = f32({N}), c.nf_out = f32_or_scratch({N, C}), c.nf_lp = lp(c.nf_out);
+  c.nf_mean = f32({R}), c.nf_rstd = f32({R}), c.nf_out = f32_or_scratch({R, C}), c.nf_lp = lp(c.nf_out);
   c.logits = f32({N, local_.vocab});
   c.losses = f32({N});
-  c.d_res = f32({N, C}), c.d_norm = f32({N, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
+  c.d_res = f32({R, C}), c.d_norm = f32({R, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
+  if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
   return c;
 }
@@ -185,13 +192,36 @@ void Transformer::block_backward(const Block& blk, BlockActivations& a, Activati
   else
     be.gelu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
   ops.column_backward(&c.d_norm, blk.up, c.d_h_pre, a.n2_lp);
-  norm_backward(blk.norm2, c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
+  if (c.norm_grads.defined()) c.norm_grads.fill_zero();
+  norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
   ops.row_backward(c.d_att, blk.out, c.d_res, a.att_lp);
   be.attention_backward(c.d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
   if (llama_) be.rope_backward(c.d_qkv, rope_cos_, rope_sin_, s);
   ops.column_backward(&c.d_norm, blk.qkv, c.d_qkv, a.n1_lp);
-  norm_backward(blk.norm1, c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
+  norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
+  add_partial_grads({&blk.norm2, &blk.norm1}, c);
+}
+
+NormViews Transformer::partial_grads(const NormViews& n, ActivationContext& c, int slot) const {
+  if (!c.norm_grads.defined()) return n;
+  const int64_t C = cfg_.d_model;
+  NormViews v = n;
+  v.dw = c.norm_grads.view(2 * slot * C, {C});
+  if (n.db.defined()) v.db = c.norm_grads.view((2 * slot + 1) * C, {C});
+  return v;
+}
+
+void Transformer::add_partial_grads(std::initializer_list<const NormViews*> norms, ActivationContext& c) {
+  if (!c.norm_grads.defined()) return;
+  const int64_t C = cfg_.d_model;
+  ops_->sum_partial_grads(c.norm_grads.view(0, {2 * static_cast<int64_t>(norms.size()) * C}));
+  int slot = 0;
+  for (const NormViews* n : norms) {
+    backend_.add(n->dw, n->dw, c.norm_grads.view(2 * slot * C, {C}));
+    if (n->db.defined()) backend_.add(n->db, n->db, c.norm_grads.view((2 * slot + 1) * C, {C}));
+    ++slot;
+  }
 }
 
 double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Tensor& targets, float grad_scale) {
@@ -244,7 +274,9 @@ void Transformer::backward(ActivationContext& c) {
   // LM head: logits hold dlogits after the fused softmax-cross-entropy.
   ops_->column_backward(&c.d_norm, head_, c.logits, c.nf_lp);
   c.d_res.fill_zero();
-  norm_backward(norm_f_, c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+  if (c.norm_grads.defined()) c.norm_grads.fill_zero();
+  norm_backward(partial_grads(norm_f_, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+  add_partial_grads({&norm_f_}, c);
   h.after_backward(L);
   for (int64_t l = L - 1; l >= 0; --l) {
     h.before_backward(l);

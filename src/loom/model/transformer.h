@@ -5,6 +5,7 @@
 // model, or a tensor-parallel shard) and everything else on the Backend.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -59,6 +60,12 @@ class Transformer {
   void norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x);
   void norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x, const Tensor& mean,
                      const Tensor& rstd);
+  // Under sequence parallelism a norm sees only this rank's rows, so its weight gradient is a partial
+  // sum: partial_grads points it at slot `slot` of the context's norm_grads scratch (zeroed by the
+  // caller), add_partial_grads sums the scratch over the group and adds it to the norms' gradients.
+  // Without SP the first returns `n` itself and the second does nothing.
+  NormViews partial_grads(const NormViews& n, ActivationContext& c, int slot) const;
+  void add_partial_grads(std::initializer_list<const NormViews*> norms, ActivationContext& c);
   // In bf16 mode writes the bf16 copy GEMMs read.
   void to_gemm_input(const Tensor& lp, const Tensor& f32);
   kernels::AttentionShape attention_shape(int64_t B, int64_t T) const;

@@ -1,6 +1,5 @@
 #include "loom/parallel/parallelize.h"
 
-#include "loom/parallel/tensor_parallel_ops.h"
 
 namespace loom::parallel {
 
@@ -9,7 +8,12 @@ double Parallelism::tp_wait_seconds() const {
   return t ? t->wait_seconds() : 0.0;
 }
 
-Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend) {
+double Parallelism::tp_in_flight_seconds() const {
+  auto* t = dynamic_cast<const TensorParallelOps*>(ops.get());
+  return t ? t->in_flight_seconds() : 0.0;
+}
+
+Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp) {
   Parallelism p;
   if (mesh) {
     p.dp = mesh->group(spec::MeshAxis::DP);
@@ -18,7 +22,7 @@ Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend) {
   }
   if (p.tp) {
     p.shard = {p.tp->rank(), p.tp->size()};
-    p.ops = std::make_unique<TensorParallelOps>(backend, *p.tp);
+    p.ops = std::make_unique<TensorParallelOps>(backend, *p.tp, tp);
   } else {
     p.ops = std::make_unique<kernels::LayerOps>(backend);
   }

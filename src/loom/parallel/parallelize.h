@@ -8,6 +8,7 @@
 #include "loom/comm/process_group.h"
 #include "loom/kernels/layer_ops.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/tensor_parallel_ops.h"
 #include "loom/spec/param_table.h"
 
 namespace loom::parallel {
@@ -20,11 +21,13 @@ struct Parallelism {
   int world = 1;                     // ranks in the job (the peak MFU is measured against)
   int dp_size() const { return dp ? dp->size() : 1; }
   int dp_rank() const { return dp ? dp->rank() : 0; }
-  // Exposed seconds this rank waited on tensor-parallel collectives so far (0 without tp).
+  // Seconds this rank waited on tensor-parallel collectives so far (exposed), and seconds they were in
+  // flight (0 without tp).
   double tp_wait_seconds() const;
+  double tp_in_flight_seconds() const;
 };
 
-// mesh: nullptr for a single-rank run (everything local).
-Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend);
+// mesh: nullptr for a single-rank run (everything local). tp: how tensor parallelism runs where tp > 1.
+Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp = {});
 
 }  // namespace loom::parallel

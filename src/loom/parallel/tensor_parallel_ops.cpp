@@ -1,14 +1,15 @@
 #include "loom/parallel/tensor_parallel_ops.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "loom/error.h"
 
 namespace loom::parallel {
 
-TensorParallelOps::TensorParallelOps(kernels::Backend& backend, comm::ProcessGroup& tp)
-    : kernels::LayerOps(backend), tp_(tp), rank_(tp.rank()), size_(tp.size()) {}
+using profile::Tracer;
+
+TensorParallelOps::TensorParallelOps(kernels::Backend& backend, comm::ProcessGroup& tp, TensorParallelOptions options)
+    : kernels::LayerOps(backend), tp_(tp), rank_(tp.rank()), size_(tp.size()), options_(options) {}
 
 Tensor TensorParallelOps::scratch(Slot slot, const Shape& shape, DType dtype) {
   Tensor& t = scratch_[slot];
@@ -18,11 +19,39 @@ Tensor TensorParallelOps::scratch(Slot slot, const Shape& shape, DType dtype) {
   return Tensor::wrap(t.raw(), shape, dtype);
 }
 
-void TensorParallelOps::all_reduce(const Tensor& t, const char* what) {
-  profile::Span span(be_.tracer(), what, profile::Category::Communication, 0, static_cast<double>(t.nbytes()));
-  const auto t0 = std::chrono::steady_clock::now();
-  tp_.all_reduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), DType::F32, comm::ReduceOp::kSum).wait();
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+TensorParallelOps::Pending TensorParallelOps::issue(comm::Work work, const char* name, const char* wait_name,
+                                                    double bytes) {
+  return {std::move(work), Tracer::now_ns(), name, wait_name, bytes};
+}
+
+void TensorParallelOps::wait(Pending& p) {
+  const int64_t w0 = Tracer::now_ns();
+  p.work.wait();
+  const int64_t w1 = Tracer::now_ns();
+  wait_seconds_ += 1e-9 * static_cast<double>(w1 - w0);
+  in_flight_seconds_ += 1e-9 * static_cast<double>(w1 - p.issued_ns);
+  if (Tracer* t = be_.tracer(); t && t->on()) {
+    t->record(p.wait_name, profile::Category::Communication, w0, w1, 0, p.bytes);
+    t->record(p.name, profile::Category::InFlight, p.issued_ns, w1, 0, p.bytes);
+  }
+}
+
+void TensorParallelOps::all_reduce(const Tensor& t, const char* name, const char* wait_name) {
+  Pending p = issue(tp_.all_reduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), t.dtype(), comm::ReduceOp::kSum),
+                    name, wait_name, static_cast<double>(t.nbytes()));
+  wait(p);
+}
+
+Tensor TensorParallelOps::gather_rows(const Tensor& x, Slot slot, const char* name, const char* wait_name) {
+  Tensor whole = scratch(slot, {x.dim(0) * size_, x.numel() / x.dim(0)}, x.dtype());
+  Pending p = issue(tp_.all_gather(x.raw(), whole.raw(), static_cast<size_t>(x.numel()), x.dtype()), name, wait_name,
+                    static_cast<double>(whole.nbytes()));
+  wait(p);
+  return whole;
+}
+
+void TensorParallelOps::sum_partial_grads(const Tensor& t) {
+  if (options_.sequence_parallel) all_reduce(t, "tp_all_reduce_norm_grads", "tp_all_reduce_norm_grads.wait");
 }
 
 void TensorParallelOps::sum_shared_rows(const Tensor& grad, int64_t begin, int64_t end, int shared_by,
@@ -30,12 +59,9 @@ void TensorParallelOps::sum_shared_rows(const Tensor& grad, int64_t begin, int64
   const int64_t cols = grad.numel() / grad.dim(0), n = (end - begin) * cols;
   float* g = grad.data<float>() + begin * cols;
   Tensor all = scratch(kSharedGathered, {size_ * n}, DType::F32);
-  {
-    profile::Span span(be_.tracer(), "tp_kv_grad_all_gather", profile::Category::Communication, 0, 4.0 * n * size_);
-    const auto t0 = std::chrono::steady_clock::now();
-    tp_.all_gather(g, all.raw(), static_cast<size_t>(n), DType::F32).wait();
-    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  Pending p = issue(tp_.all_gather(g, all.raw(), static_cast<size_t>(n), DType::F32), "tp_all_gather_kv_grad",
+                    "tp_all_gather_kv_grad.wait", 4.0 * static_cast<double>(n * size_));
+  wait(p);
   // Ranks first .. first + shared_by - 1 hold the same piece; each sums their parts in rank order, so all
   // of them get the same bits.
   const int first = rank_ / shared_by * shared_by;
@@ -46,6 +72,12 @@ void TensorParallelOps::sum_shared_rows(const Tensor& grad, int64_t begin, int64
     for (int r = first; r < first + shared_by; ++r) sum += a[r * n + i];
     g[i] = s[i] + sum;
   }
+}
+
+void TensorParallelOps::column_forward(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) {
+  if (!options_.sequence_parallel) return LayerOps::column_forward(y, x, l);
+  const Tensor whole = gather_rows(x, kGatherX, "tp_all_gather_x", "tp_all_gather_x.wait");
+  LayerOps::column_forward(y, whole, l);
 }
 
 void TensorParallelOps::column_backward(const Tensor* dx, const kernels::LinearWeights& l, const Tensor& dy,
@@ -66,21 +98,64 @@ void TensorParallelOps::column_backward(const Tensor* dx, const kernels::LinearW
     saved_w = save(l.dw, kShared);
     if (l.has_bias()) saved_b = save(l.db, kSharedBias);
   }
-  LayerOps::column_backward(dx, l, dy, x);
+  const Tensor* db = l.has_bias() ? &l.db : nullptr;
+  const bool overlap = options_.overlap;
+  if (options_.sequence_parallel) {
+    // The input is sharded by rows: gather it again (the forward's copy was not kept), computing the input
+    // gradient meanwhile (it does not read the input); then reduce-scatter the input gradient back to
+    // this rank's rows while the weight gradient is computed.
+    Tensor whole = scratch(kGatherX, {x.dim(0) * size_, x.numel() / x.dim(0)}, x.dtype());
+    Pending gather = issue(tp_.all_gather(x.raw(), whole.raw(), static_cast<size_t>(x.numel()), x.dtype()),
+                           "tp_all_gather_x", "tp_all_gather_x.wait", static_cast<double>(whole.nbytes()));
+    Tensor dx_whole = dx ? scratch(kDxWhole, {whole.dim(0), whole.dim(1)}, DType::F32) : Tensor();
+    if (!overlap) wait(gather);
+    if (dx) be_.linear_backward(&dx_whole, false, Tensor(), nullptr, dy, whole, l.w);
+    if (overlap) wait(gather);
+    Pending scatter;
+    if (dx)
+      scatter = issue(tp_.reduce_scatter(dx_whole.raw(), dx->raw(), static_cast<size_t>(dx->numel()), DType::F32),
+                      "tp_reduce_scatter_dx", "tp_reduce_scatter_dx.wait", static_cast<double>(dx_whole.nbytes()));
+    if (dx && !overlap) wait(scatter);
+    be_.linear_backward(nullptr, false, l.dw, db, dy, whole, l.w);
+    if (dx && overlap) wait(scatter);
+  } else if (dx && overlap) {
+    // The input gradient first, summed over the group while the weight gradient is computed.
+    be_.linear_backward(dx, false, Tensor(), nullptr, dy, x, l.w);
+    Pending sum = issue(tp_.all_reduce(dx->raw(), dx->raw(), static_cast<size_t>(dx->numel()), DType::F32),
+                        "tp_all_reduce_dx", "tp_all_reduce_dx.wait", static_cast<double>(dx->nbytes()));
+    be_.linear_backward(nullptr, false, l.dw, db, dy, x, l.w);
+    wait(sum);
+  } else {
+    LayerOps::column_backward(dx, l, dy, x);
+    if (dx) all_reduce(*dx, "tp_all_reduce_dx", "tp_all_reduce_dx.wait");
+  }
   if (shared) {
     sum_shared_rows(l.dw, l.shared_begin, l.shared_end, l.shared_by, saved_w);
     if (l.has_bias()) sum_shared_rows(l.db, l.shared_begin, l.shared_end, l.shared_by, saved_b);
   }
-  if (dx) all_reduce(*dx, "tp_all_reduce_dx");
 }
 
 void TensorParallelOps::row_forward_add(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) {
-  // Each rank's partial product, the bias on rank 0 only, summed over the group, then added to the
-  // residual stream y (which every rank holds whole).
-  Tensor partial = scratch(kPartial, y.shape(), DType::F32);
+  // Each rank's partial product, the bias on rank 0 only, summed over the group (under SP scattered to
+  // the rows each rank holds), then added to the residual stream y.
+  Tensor partial = scratch(kPartial, {x.dim(0), l.w.dim(0)}, DType::F32);
   be_.linear_forward(partial, x, l.w, l.has_bias() && rank_ == 0 ? &l.b : nullptr, false);
-  all_reduce(partial, "tp_all_reduce_out");
-  be_.add(y, y, partial);
+  if (!options_.sequence_parallel) {
+    all_reduce(partial, "tp_all_reduce_out", "tp_all_reduce_out.wait");
+    be_.add(y, y, partial);
+    return;
+  }
+  Tensor mine = scratch(kRowsOut, y.shape(), DType::F32);
+  Pending p = issue(tp_.reduce_scatter(partial.raw(), mine.raw(), static_cast<size_t>(mine.numel()), DType::F32),
+                    "tp_reduce_scatter_out", "tp_reduce_scatter_out.wait", static_cast<double>(partial.nbytes()));
+  wait(p);
+  be_.add(y, y, mine);
+}
+
+void TensorParallelOps::row_backward(const Tensor& dx, const kernels::LinearWeights& l, const Tensor& dy,
+                                     const Tensor& x) {
+  if (!options_.sequence_parallel) return LayerOps::row_backward(dx, l, dy, x);
+  LayerOps::row_backward(dx, l, gather_rows(dy, kGatherDy, "tp_all_gather_dy", "tp_all_gather_dy.wait"), x);
 }
 
 Tensor TensorParallelOps::local_tokens(const Tensor& tokens, int64_t rows) {
@@ -96,15 +171,28 @@ Tensor TensorParallelOps::local_tokens(const Tensor& tokens, int64_t rows) {
 void TensorParallelOps::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                           const Tensor* wpe) {
   // The position rows are added on rank 0 only, so the sum over the group holds them once.
-  be_.embedding_forward(out, local_tokens(tokens, wte.dim(0)), wte, rank_ == 0 ? wpe : nullptr);
-  all_reduce(out, "tp_all_reduce_embedding");
+  const Tensor* pos = rank_ == 0 ? wpe : nullptr;
+  if (!options_.sequence_parallel) {
+    be_.embedding_forward(out, local_tokens(tokens, wte.dim(0)), wte, pos);
+    all_reduce(out, "tp_all_reduce_embedding", "tp_all_reduce_embedding.wait");
+    return;
+  }
+  Tensor whole = scratch(kPartial, {tokens.numel(), wte.dim(1)}, DType::F32);
+  be_.embedding_forward(whole, local_tokens(tokens, wte.dim(0)), wte, pos);
+  Pending p = issue(tp_.reduce_scatter(whole.raw(), out.raw(), static_cast<size_t>(out.numel()), DType::F32),
+                    "tp_reduce_scatter_embedding", "tp_reduce_scatter_embedding.wait",
+                    static_cast<double>(whole.nbytes()));
+  wait(p);
 }
 
 void TensorParallelOps::embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout,
                                            const Tensor& tokens) {
-  // dout is whole on every rank: each adds into its own vocabulary rows, and every rank computes the
-  // same (replicated) position gradient.
-  be_.embedding_backward(dwte, dwpe, dout, local_tokens(tokens, dwte.dim(0)));
+  // Every rank needs the whole output gradient: each adds into its own vocabulary rows, and every rank
+  // computes the same (replicated) position gradient.
+  const Tensor whole = options_.sequence_parallel
+                           ? gather_rows(dout, kGatherDy, "tp_all_gather_dembedding", "tp_all_gather_dembedding.wait")
+                           : dout;
+  be_.embedding_backward(dwte, dwpe, whole, local_tokens(tokens, dwte.dim(0)));
 }
 
 void TensorParallelOps::cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
@@ -114,12 +202,9 @@ void TensorParallelOps::cross_entropy(const Tensor& losses, const Tensor& logits
   Tensor stats = scratch(kRowStats, {N, 3}, DType::F32);
   Tensor all = scratch(kGathered, {size_ * N, 3}, DType::F32);
   be_.vocab_parallel_partials(stats, logits, targets, rank_ * V, vocab_size, train);
-  {
-    profile::Span span(be_.tracer(), "tp_all_gather_xent", profile::Category::Communication, 0, 12.0 * N * size_);
-    const auto t0 = std::chrono::steady_clock::now();
-    tp_.all_gather(stats.raw(), all.raw(), static_cast<size_t>(3 * N), DType::F32).wait();
-    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  Pending p = issue(tp_.all_gather(stats.raw(), all.raw(), static_cast<size_t>(3 * N), DType::F32),
+                    "tp_all_gather_xent", "tp_all_gather_xent.wait", static_cast<double>(all.nbytes()));
+  wait(p);
   be_.vocab_parallel_finish(losses, logits, train, targets, all, rank_, vocab_size, grad_scale);
 }
 

@@ -18,6 +18,7 @@ const char* category_name(Category c) {
     case Category::Communication: return "comm";
     case Category::Host: return "host";
     case Category::Step: return "step";
+    case Category::InFlight: return "comm_in_flight";
   }
   return "?";
 }
@@ -107,8 +108,13 @@ void Tracer::write_chrome_trace(const std::string& path) const {
 TimeBreakdown breakdown(const Tracer& tracer, double wall_seconds) {
   TimeBreakdown b;
   b.wall_seconds = wall_seconds;
-  for (auto& [name, s] : tracer.stats()) {
-    if (s.category == Category::Step || s.category == Category::Host) continue;
+  const auto stats = tracer.stats();
+  for (auto& [name, s] : stats) {
+    if (s.category == Category::InFlight) {
+      b.in_flight_seconds += s.seconds;
+      if (auto w = stats.find(name + ".wait"); w != stats.end()) b.async_wait_seconds += w->second.seconds;
+    }
+    if (s.category == Category::Step || s.category == Category::Host || s.category == Category::InFlight) continue;
     if (s.category == Category::Gemm) b.gemm_seconds += s.seconds;
     if (s.category == Category::Kernel) b.kernel_seconds += s.seconds;
     if (s.category == Category::Communication) b.comm_seconds += s.seconds;
@@ -133,6 +139,10 @@ std::string format_breakdown(const TimeBreakdown& b, int max_rows) {
   out += fmt::format("split: gemm {:.1f}%  other kernels {:.1f}%  communication {:.1f}%  host {:.1f}%  (wall {:.2f} s)",
                      pct(b.gemm_seconds), pct(b.kernel_seconds), pct(b.comm_seconds), pct(b.host_seconds),
                      b.wall_seconds);
+  if (b.in_flight_seconds > 0)
+    out += fmt::format("\nasynchronous collectives: {:.1f}% of the wall in flight, of it {:.1f}% hidden under compute",
+                       pct(b.in_flight_seconds),
+                       100.0 * std::max(0.0, b.in_flight_seconds - b.async_wait_seconds) / b.in_flight_seconds);
   return out;
 }
 

@@ -13,7 +13,10 @@
 
 namespace loom::profile {
 
-enum class Category { Gemm, Kernel, Communication, Host, Step };
+// Communication: time a thread spent waiting on a collective (exposed). InFlight: an asynchronous
+// collective from issue to completion, with compute running under it; its wait is a Communication span
+// named "<in-flight name>.wait", and the in-flight time no wait covers was hidden (overlapped).
+enum class Category { Gemm, Kernel, Communication, Host, Step, InFlight };
 const char* category_name(Category c);
 
 struct SpanStats {
@@ -97,7 +100,9 @@ struct TimeBreakdown {
   double wall_seconds = 0;
   double gemm_seconds = 0;
   double kernel_seconds = 0;
-  double comm_seconds = 0;
+  double comm_seconds = 0;     // exposed: waited for
+  double in_flight_seconds = 0;  // asynchronous collectives from issue to completion
+  double async_wait_seconds = 0;  // of comm_seconds: the waits of those asynchronous collectives
   double host_seconds = 0;  // wall minus everything traced
   std::vector<std::pair<std::string, SpanStats>> rows;  // sorted by time, descending
 };

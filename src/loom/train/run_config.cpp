@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <toml++/toml.h>
@@ -168,6 +169,11 @@ const std::vector<Field>& fields() {
       LOOM_BOOL("trace.summary", trace.summary, "print time per kernel at the end of the run"),
       LOOM_INT("parallel.dp", parallel.dp, 1, 65536, "data-parallel degree"),
       LOOM_INT("parallel.tp", parallel.tp, 1, 65536, "tensor-parallel degree"),
+      LOOM_BOOL("parallel.sequence_parallel", parallel.sequence_parallel,
+                "with tp > 1: shard the norm and residual regions along the token rows (each all-reduce becomes "
+                "reduce-scatter + all-gather; their activation memory drops by tp)"),
+      LOOM_BOOL("parallel.tp_overlap", parallel.tp_overlap,
+                "with tp > 1: run the weight-gradient GEMM while the input-gradient collective is in flight"),
       LOOM_INT("parallel.pp", parallel.pp, 1, 65536, "pipeline-parallel degree"),
       LOOM_INT("parallel.cp", parallel.cp, 1, 65536, "context-parallel degree"),
       LOOM_INT("parallel.ep", parallel.ep, 1, 65536, "expert-parallel degree"),
@@ -329,6 +335,15 @@ void RunConfig::validate() const {
            " is not supported yet: this build runs data and tensor parallelism (parallel.dp, parallel.tp, "
            "parallel.zero = 0..3; pp, cp and ep 1)");
   spec::validate_tensor_parallel(model.resolved, static_cast<int>(p.tp));
+  if (p.sequence_parallel && p.tp > 1 && (micro_batch() * seq_len()) % p.tp != 0) {
+    // Each rank holds a contiguous run of the micro-batch's token rows; suggest the nearest lengths that split.
+    const int64_t step = p.tp / std::gcd(p.tp, micro_batch());
+    const int64_t below = seq_len() / step * step, above = below + step;
+    throw ConfigError("parallel.sequence_parallel at parallel.tp = " + s(p.tp) + " splits the " + s(micro_batch()) +
+                      " x " + s(seq_len()) + " token rows of a micro-batch (train.micro_batch_size x train.seq_len) "
+                      "into tp equal runs, which does not divide; use train.seq_len = " +
+                      (below > 0 ? s(below) + " or " : "") + s(above) + ", or sequence_parallel = false");
+  }
   need(train.batch_size % (p.dp * micro_batch()) == 0,
        "train.batch_size = " + s(train.batch_size) + " must be divisible by parallel.dp x train.micro_batch_size = " +
            s(p.dp) + " x " + s(micro_batch()) + " (each data-parallel rank runs whole micro-batches of its share)");

@@ -57,6 +57,8 @@ struct TraceSection {
 
 struct ParallelSection {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  bool sequence_parallel = false;  // with tp: norm / residual regions sharded along the token rows
+  bool tp_overlap = true;          // with tp: weight-gradient GEMMs under the input-gradient collectives
   int64_t zero = 0;
   int64_t bucket_kb = 4096;  // data-parallel gradient bucket; 0: one all-reduce after backward
   std::string zero_release = "lazy";  // how ZeRO-2/3 give pages back: "lazy" (MADV_FREE) or "eager"

@@ -119,7 +119,8 @@ SessionSummary Session::run() {
     write_run_manifest(cfg.train.out_dir, cfg, id);
     log.emplace(cfg.train.out_dir, /*append=*/resuming);
   }
-  const parallel::Parallelism par = parallel::parallelize(mesh.get(), backend);
+  const parallel::Parallelism par = parallel::parallelize(
+      mesh.get(), backend, {cfg.parallel.sequence_parallel, cfg.parallel.tp_overlap});
   Trainer trainer(cfg, backend, peak.flops_per_s, &par);
   say("data: " + trainer.data().describe());
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");
