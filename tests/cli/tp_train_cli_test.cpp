@@ -22,6 +22,35 @@ namespace fs = std::filesystem;
 
 const std::string kTiny = "--config " LOOM_SOURCE_DIR "/configs/tiny.toml ";
 
+// Issue 12 item 4: the trace tells exposed tensor-parallel communication from the part hidden under
+// compute: every asynchronous collective has an in-flight span and a wait span.
+TEST(TensorParallelCli, TheTraceShowsTpCommunicationInFlightAndExposed) {
+  auto dir = scratch_dir("tp-trace");
+  auto r = run_loom("run -n 2 -- loom train " + kTiny + "--set train.steps=2 --set parallel.tp=2 "
+                    "--set parallel.sequence_parallel=true --set checkpoint.save_every=0 --set train.out_dir=" +
+                    (dir / "out").string() + " --trace " + (dir / "trace.json").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out + r.err, HasSubstr("hidden under compute"));
+  std::ifstream f(dir / "trace.json");
+  const auto trace = nlohmann::json::parse(f);
+  int in_flight = 0, waits = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (!e.contains("name")) continue;
+    const std::string name = e["name"];
+    if (name == "tp_reduce_scatter_dx") {
+      ++in_flight;
+      EXPECT_EQ(e["cat"], "comm_in_flight");
+    }
+    if (name == "tp_reduce_scatter_dx.wait") {
+      ++waits;
+      EXPECT_EQ(e["cat"], "comm");
+    }
+  }
+  EXPECT_GT(in_flight, 0);
+  EXPECT_EQ(in_flight, waits);
+  fs::remove_all(dir);
+}
+
 // Trains `ranks` ranks with `sets`; returns the run folder (metrics in out/, checkpoints in ck/).
 fs::path train(const std::string& name, int ranks, const std::string& sets) {
   auto dir = scratch_dir(name);
@@ -37,7 +66,8 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// Issue 12 item 6: tp 2 and 4, dp 2 x tp 2 under ZeRO 0-3, GPT-2 and Llama with fewer KV heads than tp,
+// Issue 12 item 6: tp 2 and 4 with and without sequence parallelism (and without overlap), dp 2 x tp 2
+// under ZeRO 0-3, GPT-2 and Llama with fewer KV heads than tp,
 // fp32 at 1e-5 and bf16 at 1e-2, with gradient accumulation (two micro-batches per rank).
 TEST(TensorParallelCli, VerifyPassesForEveryLayoutOnGpt2AndLlamaInBothPrecisions) {
   struct Case {
@@ -48,10 +78,11 @@ TEST(TensorParallelCli, VerifyPassesForEveryLayoutOnGpt2AndLlamaInBothPrecisions
       SCOPED_TRACE(std::string(model) + " " + precision);
       auto r = run_loom("verify " + kTiny + "--steps 8 " + model + " --set precision=" + precision +
                         " --set train.batch_size=8 --set train.micro_batch_size=2 "
-                        "--layouts \"dp=1;tp=2;tp=4;dp=2,tp=2;dp=2,tp=2,zero=1;dp=2,tp=2,zero=2;dp=2,tp=2,zero=3\"");
+                        "--layouts \"dp=1;tp=2;tp=4;tp=2,sp=1;tp=4,sp=1;tp=2,sp=1,overlap=0;dp=2,tp=2;"
+                        "dp=2,tp=2,zero=1;dp=2,tp=2,sp=1,zero=1;dp=2,tp=2,zero=2;dp=2,tp=2,zero=3;dp=2,tp=2,sp=1,zero=3\"");
       EXPECT_EQ(r.rc, 0) << r.out << r.err;
       EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
-      EXPECT_EQ(count(r.out, "PASS"), 6) << r.out;
+      EXPECT_EQ(count(r.out, "PASS"), 11) << r.out;
     }
 }
 
@@ -142,6 +173,12 @@ TEST(TensorParallelCli, LayoutsTheModelCannotSplitAreRefusedNamingTheNumbers) {
                "--set model.n_kv_heads=4 --layouts \"dp=1;tp=6\"");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("parallel.tp = 6 and model.n_kv_heads = 4: one must divide the other"));
+  // Sequence parallelism splits a micro-batch's token rows into tp runs.
+  r = run_loom("run -n 4 -- loom train " + kTiny + "--set parallel.tp=4 --set parallel.sequence_parallel=true "
+               "--set train.seq_len=30 --set train.batch_size=1");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("parallel.sequence_parallel at parallel.tp = 4 splits the 1 x 30 token rows"));
+  EXPECT_THAT(r.err, HasSubstr("use train.seq_len = 28 or 32"));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The planner's model of Loom's own engine against the engine itself: for tiny and mini runs under
-// data parallelism and every ZeRO stage, the predicted peak bytes per category (parameters, gradients,
-// optimizer, activations) must be within 10% of what `loom train --json` measures on dp rank 0 (issue 6).
-// The model mirrors the engine's buffers, so it is held to 1%: today it agrees to the byte.
+// data parallelism and every ZeRO stage, and tensor parallelism with and without sequence parallelism,
+// the predicted peak bytes per category (parameters, gradients, optimizer, activations) must be within
+// 10% of what `loom train --json` measures on rank 0 (issues 6 and 12). The model mirrors the engine's
+// buffers, so it is held to 1%: today it agrees to the byte.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +20,9 @@ struct Case {
   const char* preset;
   const char* precision;
   int dp, zero, batch, micro;
+  int tp = 1;
+  bool sp = false;
+  const char* extra = "";
 };
 
 TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
@@ -26,23 +30,32 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       {"tiny", "fp32", 1, 0, 8, 4},      {"tiny", "bf16", 2, 0, 8, 2},      {"tiny", "bf16", 2, 1, 8, 4},
       {"tiny", "fp32", 4, 2, 8, 1},      {"tiny", "fp32", 4, 3, 8, 2},      {"tiny", "bf16", 3, 3, 6, 2},
       {"tiny-llama", "bf16", 2, 3, 8, 2}, {"mini", "bf16", 1, 0, 2, 2},     {"mini", "bf16", 2, 3, 4, 2},
+      // tensor (and sequence) parallelism, alone and under dp x ZeRO; a padded vocabulary; shared KV heads
+      {"tiny", "fp32", 1, 0, 8, 4, 2},    {"tiny", "bf16", 1, 0, 8, 2, 4, true},
+      {"tiny", "fp32", 2, 1, 8, 2, 2, true, " --set model.vocab_size=509"},
+      {"tiny-llama", "bf16", 2, 3, 8, 2, 2, true}, {"tiny-llama", "fp32", 1, 0, 4, 2, 4, false, " --set model.n_kv_heads=1"},
+      {"tiny-llama", "bf16", 1, 0, 4, 2, 4, true, " --set model.n_kv_heads=2"}, {"mini", "bf16", 1, 0, 2, 2, 2, true},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");
     const int64_t seq = 64;
-    auto r = run_loom("run -n " + std::to_string(c.dp) + " -- loom train --quiet --json --set model.preset=" + c.preset +
+    auto r = run_loom("run -n " + std::to_string(c.dp * c.tp) + " -- loom train --quiet --json --set model.preset=" + c.preset +
                       " --set precision=" + c.precision + " --set data.source=synthetic --set train.steps=2"
                       " --set train.eval_every=0 --set checkpoint.save_every=0 --set trace.summary=false"
                       " --set train.seq_len=" + std::to_string(seq) + " --set train.batch_size=" + std::to_string(c.batch) +
                       " --set train.micro_batch_size=" + std::to_string(c.micro) + " --set parallel.dp=" +
-                      std::to_string(c.dp) + " --set parallel.zero=" + std::to_string(c.zero) +
+                      std::to_string(c.dp) + " --set parallel.zero=" + std::to_string(c.zero) + " --set parallel.tp=" +
+                      std::to_string(c.tp) + " --set parallel.sequence_parallel=" + (c.sp ? "true" : "false") + c.extra +
                       " --set train.out_dir=" + (dir / "out").string());
     ASSERT_EQ(r.rc, 0) << r.err;
     const auto measured = nlohmann::json::parse(r.out)["peak_bytes_by_category"];
     plan::Layout l;
-    l.dp = c.dp, l.zero = c.zero, l.micro_batch = c.micro;
-    const auto predicted =
-        plan::loom_engine_memory(spec::preset(c.preset), l, seq, std::string(c.precision) == "bf16");
+    l.dp = c.dp, l.zero = c.zero, l.micro_batch = c.micro, l.tp = c.tp, l.sp = c.sp;
+    auto model = spec::preset(c.preset);
+    if (std::string(c.extra).find("vocab_size=509") != std::string::npos) model.vocab_size = 509;
+    if (std::string(c.extra).find("n_kv_heads=1") != std::string::npos) model.n_kv_heads = 1;
+    if (std::string(c.extra).find("n_kv_heads=2") != std::string::npos) model.n_kv_heads = 2;
+    const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16");
     const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
                                                    {"gradients", predicted.gradients},
                                                    {"optimizer", predicted.optimizer},
@@ -50,6 +63,7 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
     for (const auto& [category, bytes] : rows) {
       const double m = measured[category].get<double>();
       EXPECT_NEAR(bytes, m, 0.01 * m) << c.preset << " " << c.precision << " dp=" << c.dp << " zero=" << c.zero
+                                      << " tp=" << c.tp << " sp=" << c.sp << c.extra
                                       << " micro=" << c.micro << ": " << category << " predicted " << bytes
                                       << ", measured " << m;
     }
@@ -58,7 +72,7 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
 
 TEST(EngineMemory, RefusesLayoutsTheEngineDoesNotRun) {
   plan::Layout l;
-  l.tp = 2;
+  l.pp = 2;
   EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false), ConfigError);
 }
 

@@ -39,6 +39,8 @@ struct TrainOptions {
 void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
   plan::Layout l;
   l.dp = static_cast<int>(cfg.parallel.dp);
+  l.tp = static_cast<int>(cfg.parallel.tp);
+  l.sp = cfg.parallel.sequence_parallel;
   l.zero = static_cast<int>(cfg.parallel.zero);
   l.micro_batch = static_cast<int>(cfg.micro_batch());
   const auto need = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16);

@@ -39,37 +39,60 @@ std::vector<Unit> units_of(const spec::ParamTable& table, int64_t n_layers, int 
   return units;
 }
 
-// Activations of one micro-batch context, as model::Transformer::make_context allocates them, plus the
-// trainer's token and target buffers.
-double activation_bytes(const spec::TransformerConfig& c, int64_t B, int64_t T, bool bf16) {
+// Activations of one micro-batch context on tp rank 0, as model::Transformer::make_context allocates
+// them, plus the trainer's token and target buffers and, under tensor parallelism, the scratch of
+// parallel::TensorParallelOps (each slot sized by the largest use; the sequence-parallel ones only
+// with SP).
+double activation_bytes(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp,
+                        bool sp, bool bf16) {
   const double N = static_cast<double>(B * T), C = static_cast<double>(c.d_model);
-  const double H = static_cast<double>(c.n_heads), D = static_cast<double>(c.head_dim());
-  const double F = static_cast<double>(c.d_ff), V = static_cast<double>(c.vocab_size);
-  const double QKV = (H + 2.0 * static_cast<double>(c.n_kv_heads)) * D;
+  const double D = static_cast<double>(c.head_dim());
+  const double H = static_cast<double>(c.n_heads / tp);
+  const double KV = static_cast<double>(c.n_kv_heads >= tp ? c.n_kv_heads / tp : 1);
+  const double F = static_cast<double>(c.d_ff / tp);
   const bool llama = c.arch == spec::Arch::Llama;
+  const double V = static_cast<double>(table.at(llama ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0]);
+  const double QKV = (H + 2.0 * KV) * D;
   const double HPRE = llama ? 2 * F : F;
+  const double R = sp ? N / tp : N;                          // residual-stream rows on this rank
   const double lp = bf16 ? 2 : 0;                            // bf16 copies of GEMM inputs
   const double norm_out = bf16 ? 0 : 4;                      // f32 norm / activation outputs (bf16: one scratch)
-  double layer = 4 * N * (2 + QKV + H + H * D + C + 2 + HPRE)  // norm stats, qkv, lse, att, x_mid, h_pre
-                 + norm_out * N * (C + C + F)                  // n1_out, n2_out, h_act
-                 + lp * N * (C + H * D + C + F);               // n1_lp, att_lp, n2_lp, h_act_lp
+  double layer = 4 * R * (2 + C + 2) + 4 * N * (QKV + H + H * D + HPRE)  // norm stats, x_mid; qkv, lse, att, h_pre
+                 + norm_out * (2 * R * C + N * F)                         // n1_out, n2_out, h_act
+                 + lp * (2 * R * C + N * (H * D + F));                    // n1_lp, n2_lp, att_lp, h_act_lp
   double total = static_cast<double>(c.n_layers) * layer;
-  total += 4 * N * C * static_cast<double>(c.n_layers + 1);  // residual stream
-  if (bf16) total += 4 * N * std::max(C, F);                 // the shared f32 scratch
-  total += 4 * N * 2 + norm_out * N * C + lp * N * C;        // final norm
+  total += 4 * R * C * static_cast<double>(c.n_layers + 1);  // residual stream
+  if (bf16) total += 4 * std::max(R * C, N * F);             // the shared f32 scratch
+  total += 4 * R * 2 + norm_out * R * C + lp * R * C;        // final norm
   total += 4 * N * V + 4 * N;                                // logits (dlogits), losses
-  total += 4 * N * (C + C + H * D + QKV + F + HPRE);         // backward scratch
+  total += 4 * (2 * R * C + N * (H * D + QKV + F + HPRE));   // backward scratch
   total += 4 * N * 2 * 2;                                    // tokens + targets, context and trainer
   if (llama) total += 4.0 * static_cast<double>(c.max_seq) * D;  // RoPE cos + sin tables
+  if (tp > 1) {
+    total += 4 * N * C;                    // partial products of row-parallel linears (and the SP embedding)
+    total += 4 * N + 12 * N + 12 * N * tp;  // local tokens; cross-entropy partials, gathered
+    if (c.n_kv_heads < tp) {                // shared KV rows: saved gradient, gathered over the group
+      const double shared = 2 * KV * D * C;
+      total += 4 * shared * (1 + tp);
+    }
+    if (sp) {
+      total += (bf16 ? 2 : 4) * N * C;  // all-gathered input of a column-parallel linear
+      total += 4 * N * C + 4 * N * C;   // all-gathered output gradient; input gradient before reduce-scatter
+      total += 4 * R * C;               // reduce-scattered rows of a row-parallel output
+      total += 4 * 4 * C;               // partial norm gradients
+    }
+  }
   return total;
 }
 
 }  // namespace
 
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16) {
-  if (l.tp != 1 || l.pp != 1 || l.cp != 1 || l.ep != 1)
-    throw ConfigError("Loom's engine runs data parallelism only (tp = pp = cp = ep = 1), not " + l.str());
-  const auto table = spec::build_param_table(cfg);
+  if (l.pp != 1 || l.cp != 1 || l.ep != 1)
+    throw ConfigError("Loom's engine runs data and tensor parallelism (pp = cp = ep = 1), not " + l.str());
+  // Rank 0's shard: under tp every rank holds the same amount, padding of the vocabulary aside (rank 0
+  // holds whole rows and, with fewer KV heads than tp, the same one-head piece as every rank).
+  const auto table = spec::build_param_table(cfg, {0, l.tp});
   const int dp = l.dp, stage = dp > 1 ? l.zero : 0;  // alone, every stage is the plain run
   const auto units = units_of(table, cfg.n_layers, dp);
   const double total = static_cast<double>(table.total_numel());
@@ -110,7 +133,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
                                  std::max(gathered_grads(head) + largest_block_grads, 2 * largest_block_grads)
                            : total * 4;
   m.optimizer = (stage >= 1 ? owned : total) * 8;  // AdamW m and v in f32
-  m.activations = activation_bytes(cfg, l.micro_batch, seq, bf16);
+  m.activations = activation_bytes(cfg, table, l.micro_batch, seq, l.tp, l.sp && l.tp > 1, bf16);
   return m;
 }
 

@@ -1,5 +1,6 @@
 // What Loom's own engine holds per rank, in the categories its allocator reports (parameters,
-// gradients, optimizer, activations), for the layouts it runs today (data parallelism with ZeRO 0-3):
+// gradients, optimizer, activations), for the layouts it runs today (data parallelism with ZeRO 0-3,
+// tensor parallelism with or without sequence parallelism):
 // the planner's prediction of `loom train --json`'s peak_bytes_by_category, derived from the model
 // description alone. It mirrors the engine's buffers (model/activations.h, spec/shard_plan.h,
 // parallel/zero_engine.*) and differs from the Megatron-style memory model (memory_model.h) in its
@@ -20,8 +21,9 @@ struct EngineMemory {
   double total() const { return state() + activations; }
 };
 
-// Peak bytes per category of dp rank 0 for `cfg` trained under layout `l` (dp, zero, micro_batch;
-// other degrees must be 1) at sequence length `seq`, in bf16 or fp32 mode.
+// Peak bytes per category of rank 0 for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch;
+// pp, cp, ep must be 1) at sequence length `seq`, in bf16 or fp32 mode. Checkpoint saves are not in it
+// (rank 0 then gathers whole tensors for a while).
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16);
 
 }  // namespace loom::plan
