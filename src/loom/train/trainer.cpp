@@ -13,9 +13,8 @@
 namespace loom::train {
 
 namespace {
-// Point-to-point tags of a checkpoint's moment gather (two per unit), clear of any other sender's.
-constexpr uint64_t kMomentsTag = uint64_t{0x5A4} << 40;
-// ... and of its tensor-parallel shard gather (three per rank: master, m, v).
+// Point-to-point tags of a checkpoint's tensor-parallel shard gather (three per rank: master, m, v),
+// clear of any other sender's.
 constexpr uint64_t kTpShardTag = uint64_t{0x5A5} << 40;
 }  // namespace
 
@@ -42,57 +41,30 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
                       std::to_string(par_.shard.tp_size) + " rank(s)");
   Allocator& alloc = backend_.allocator();
   const int64_t L = cfg_.model.resolved.n_layers;
-  // ZeRO needs replicas to shard across; alone, every stage is the plain run.
-  stage_ = dp_ ? static_cast<int>(cfg_.parallel.zero) : 0;
   auto table = spec::build_param_table(cfg_.model.resolved, par_.shard);
-  const auto block_starts = table.block_starts(L);
-  std::optional<spec::ShardPlan> plan;
-  if (stage_ >= 1) plan.emplace(spec::unit_bounds_from_blocks(block_starts, table.total_numel()), dp_size_);
-  const std::vector<spec::ArenaRange> mine = plan ? plan->pieces(dp_rank_) : std::vector<spec::ArenaRange>{};
-  // ZeRO-3 reserves the weight arenas and backs only this rank's pieces; ZeRO-2/3 likewise the gradients.
-  // ZeRO-1/2 in bf16 mode shard the f32 masters too: replicas compute from the bf16 copies (and the few
-  // elements read in f32), so only the optimizer's pieces need f32 masters.
   const bool lowp_mode = cfg_.precision == model::Precision::BF16;
-  model::ArenaBacking backing{stage_ == 3 || (stage_ >= 1 && lowp_mode), stage_ == 3, stage_ >= 2, nullptr};
-  if (dp_ && stage_ <= 1) {
-    const size_t bytes = static_cast<size_t>(table.total_numel()) * sizeof(float);
-    try {
-      registered_grads_ = dp_->register_buffer(bytes, MemCategory::Gradients);
-      backing.grads_memory = registered_grads_.as<float>();
-    } catch (const CommError&) {
-      // The group's arena is full (LOOM_COMM_ARENA_MB): plain memory works, with one staging copy more.
-    }
-  }
+  // The data-parallel strategy decides how the arenas are backed before they exist.
+  const parallel::DataParallelSetup setup{&table, L, lowp_mode, static_cast<int>(cfg_.parallel.zero),
+                                          static_cast<size_t>(cfg_.parallel.bucket_kb) << 10,
+                                          cfg_.parallel.zero_release == "eager" ? PageReservation::Release::Eager
+                                                                                : PageReservation::Release::Lazy};
+  data_parallel_ = parallel::make_data_parallel(dp_, setup, alloc, backend_.tracer());
+  parallel::ArenaNeeds needs = data_parallel_->arena_needs();
+  registered_grads_ = std::move(needs.grads_memory);
+  model::ArenaBacking backing{needs.master_on_demand, needs.lowp_on_demand, needs.grads_on_demand,
+                              registered_grads_.size() ? registered_grads_.as<float>() : nullptr};
   params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc, backing);
-  if (stage_ == 3)
-    params_->initialize(cfg_.train.seed, mine);
-  else
-    params_->initialize(cfg_.train.seed);
+  params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get());
   optimizer_ = std::make_unique<AdamW>(
-      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc, mine);
+      *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc,
+      data_parallel_->optimizer_pieces());
   ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
-  if (dp_ && stage_ == 0)
-    buckets_ = std::make_unique<parallel::GradBuckets>(params_->table(), params_->grads().data<float>(), *dp_,
-                                                       static_cast<size_t>(cfg_.parallel.bucket_kb) << 10);
-  if (stage_ >= 1) {
-    parallel::ZeroArenas arenas{params_->master().data<float>(),
-                                params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
-                                params_->grads().data<float>(), params_->master_pages(), params_->lowp_pages(),
-                                params_->grad_pages(),
-                                cfg_.parallel.zero_release == "eager" ? PageReservation::Release::Eager
-                                                                      : PageReservation::Release::Lazy};
-    std::vector<spec::ArenaRange> f32_read;
-    for (const auto& p : params_->table().params())
-      if (!p.gemm_only) f32_read.push_back({p.offset, p.offset + p.numel()});
-    zero_ = std::make_unique<parallel::ZeroEngine>(std::move(*plan), stage_, arenas, std::move(f32_read), *dp_, alloc,
-                                                   backend_.tracer());
-    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: initialised whole, kept sharded
-  }
-  if (dp_) {
-    hooks_ = std::make_unique<StepHooks>(L, buckets_.get(), block_starts, zero_.get());
-    model_->set_hooks(hooks_.get());
-  }
+  data_parallel_->attach({params_->master().data<float>(), params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
+                          params_->grads().data<float>(), params_->master_pages(), params_->lowp_pages(),
+                          params_->grad_pages()});
+  hooks_ = std::make_unique<StepHooks>(*data_parallel_);
+  model_->set_hooks(hooks_.get());
   tokens_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
   targets_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
 }
@@ -108,25 +80,18 @@ StepMetrics Trainer::train_step(int64_t step) {
   const int64_t first = (step - 1) * cfg_.train.batch_size + dp_rank_ * share;
   // Every sample holds T targets (no padding), so the loss is the mean over batch * T of them.
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
-  // ZeRO-2/3 keep no full gradient: only this rank's pieces accumulate across micro-batches.
-  if (stage_ >= 2)
-    zero_->zero_owned_grads();
-  else
-    params_->zero_grads();
+  parallel::DataParallel& dp = *data_parallel_;
+  dp.begin_step();
   double loss_sum = 0;
-  double exposed = 0;  // seconds this thread waited on dp collectives
-  const double comm_cpu0 = dp_ ? dp_->stats().comm_cpu_seconds : 0;
+  const double comm_cpu0 = dp.comm_cpu_seconds();
   const double tp_cpu0 = tp_ ? tp_->stats().comm_cpu_seconds : 0;
-  const double zero_wait0 = zero_ ? zero_->wait_seconds() : 0;
+  const double dp_wait0 = dp.wait_seconds();
   const double tp_wait0 = par_.tp_wait_seconds();
   for (int64_t m = 0; m < n_micro; ++m) {
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
-    // DDP and ZeRO-1 reduce once, during the last micro-batch's backward; ZeRO-2/3 every micro-batch
-    // (they keep no full gradient to accumulate into). Gradients were scaled by the global sample
-    // count, so the sum over replicas is the batch gradient.
-    const bool reduce = stage_ >= 2 || m == n_micro - 1;
-    if (hooks_) hooks_->set_mode(true, reduce);
-    if (buckets_ && reduce) buckets_->begin();
+    // Gradients are scaled by the global sample count, so the sum over replicas is the batch gradient;
+    // the strategy decides in which micro-batches it reduces.
+    dp.begin_micro_batch(true, m == n_micro - 1);
     double loss = model_->forward(ctx_, tokens_, targets_, grad_scale);
     if (!std::isfinite(loss))
       throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
@@ -134,29 +99,16 @@ StepMetrics Trainer::train_step(int64_t step) {
     loss_sum += loss;
     model_->backward(ctx_);
   }
-  double norm = 0;
-  if (buckets_) {
-    profile::Span span(tracer, "dp_all_reduce_wait", profile::Category::Communication, 0,
-                       static_cast<double>(params_->grads().numel()) * 4);
-    const auto w0 = std::chrono::steady_clock::now();
-    buckets_->finish();
-    exposed += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-  }
-  if (zero_) zero_->finish_all();
-  if (dp_) loss_sum = dp_sum(loss_sum);
-  norm = gradient_norm();
+  dp.finish_gradients();
+  loss_sum = dp_sum(loss_sum);
+  const double norm = gradient_norm();
   if (!std::isfinite(norm)) check_finite_gradients(step);
   const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
   const double lr = schedule_.at(step);
   optimizer_->step(lr, clip, tracer);
-  if (zero_ && stage_ < 3) {
-    // ZeRO-1/2: each rank updated its pieces of the weights; every replica needs all of them. (ZeRO-3
-    // gathers each unit when the next forward reaches it.)
-    zero_->all_gather_masters();
-    if (!zero_->masters_sharded()) params_->refresh_lowp();
-  }
-  if (zero_) exposed += zero_->wait_seconds() - zero_wait0;
-  exposed += par_.tp_wait_seconds() - tp_wait0;
+  if (dp.after_optimizer_step()) params_->refresh_lowp();
+  // Seconds this thread waited on dp and tp collectives (communication nothing overlapped).
+  const double exposed = dp.wait_seconds() - dp_wait0 + par_.tp_wait_seconds() - tp_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   StepMetrics s;
@@ -173,7 +125,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.elapsed_seconds = elapsed_;
   s.tokens_per_s = static_cast<double>(step_tokens) / seconds;
   s.exposed_comm_seconds = exposed;
-  s.comm_cpu_seconds = dp_ ? dp_->stats().comm_cpu_seconds - comm_cpu0 : 0;
+  s.comm_cpu_seconds = dp.comm_cpu_seconds() - comm_cpu0;
   if (tp_) s.comm_cpu_seconds += tp_->stats().comm_cpu_seconds - tp_cpu0;
   s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * dp_size_ * par_.shard.tp_size) : 0.0;
   return s;
@@ -182,8 +134,7 @@ StepMetrics Trainer::train_step(int64_t step) {
 void Trainer::check_finite_gradients(int64_t step) const {
   // Under ZeRO only this rank's pieces hold summed gradients; the rest of the arena is scratch (stale,
   // or shared between blocks), so only the pieces are searched.
-  const std::vector<spec::ArenaRange> scan =
-      zero_ ? optimizer_->pieces() : std::vector<spec::ArenaRange>{{0, params_->grads().numel()}};
+  const std::vector<spec::ArenaRange> scan = data_parallel_->gradient_pieces();
   const float* grads = params_->grads().data<float>();
   for (const auto& p : params_->table().params())
     for (const auto& r : scan) {
@@ -195,7 +146,7 @@ void Trainer::check_finite_gradients(int64_t step) const {
                            std::to_string(begin - p.offset + bad) + " = " + std::to_string(grads[begin + bad]) +
                            "); lower train.lr or set train.grad_clip");
     }
-  if (zero_)
+  if (data_parallel_->gradients_sharded())
     throw NumericError("step " + std::to_string(step) +
                        ": gradient norm is non-finite; this rank's gradient pieces are finite, so another data-parallel "
                        "rank's are not (see its error); lower train.lr or set train.grad_clip");
@@ -204,7 +155,7 @@ void Trainer::check_finite_gradients(int64_t step) const {
 
 double Trainer::evaluate() {
   profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
-  if (hooks_) hooks_->set_mode(false, false);
+  data_parallel_->begin_micro_batch(false, false);
   // The validation set is the first eval_batches x batch_size samples of the validation split whatever
   // the layout: each dp rank takes its share of every batch, as in training, in micro-batches of its
   // size. So every layout evaluates the same samples, and every rank runs the same number of forwards
@@ -220,7 +171,8 @@ double Trainer::evaluate() {
 }
 
 void Trainer::check_replicas(int64_t step) {
-  if (!dp_ || stage_ == 3) return;  // ZeRO-3 replicates no state: every rank holds different pieces
+  const parallel::ReplicatedState same = data_parallel_->replicated();
+  if (!dp_ || !same.weights) return;  // ZeRO-3 replicates no state: every rank holds different pieces
   profile::Span span(backend_.tracer(), "check_replicas", profile::Category::Host);
   // Fault injection for the test of this check: the last replica's first weight moves by one ulp.
   if (const char* f = std::getenv("LOOM_FAULT_INJECT"); f && std::string(f) == "replica_drift" && dp_rank_ == dp_size_ - 1) {
@@ -229,11 +181,9 @@ void Trainer::check_replicas(int64_t step) {
     if (params_->lowp().defined()) params_->lowp().data<bf16>()[0].bits += 1;  // what sharded-master replicas compare
   }
   auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.data<float>(), t.numel() * sizeof(float)) : 0; };
-  // Under ZeRO-1/2 the moments are pieces, different by design: only the weights must agree (the bf16
-  // copies where the f32 masters are sharded too).
-  const bool moments = !optimizer_->sharded();
+  const bool moments = same.moments;
   auto hash_lowp = [](const Tensor& t) { return checksum64(t.data<bf16>(), t.nbytes()); };
-  const uint64_t weights = zero_ && zero_->masters_sharded() ? hash_lowp(params_->lowp()) : hash_of(params_->master());
+  const uint64_t weights = same.weights_as_lowp ? hash_lowp(params_->lowp()) : hash_of(params_->master());
   const uint64_t mine[3] = {weights, moments ? hash_of(optimizer_->m()) : 0, moments ? hash_of(optimizer_->v()) : 0};
   std::vector<uint64_t> all(3 * static_cast<size_t>(dp_size_));
   dp_->all_gather(mine, all.data(), 3, DType::I64).wait();
@@ -258,10 +208,7 @@ const float* Trainer::full_master() const {
 void Trainer::gather_tp_shards() {
   // Only dp rank 0's replica is saved; its tp group gathers on tp rank 0 (global rank 0).
   if (!tp_ || dp_rank_ != 0) return;
-  const Moments local = [&]() -> Moments {
-    if (!zero_) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
-    return {gathered_m_.data<float>(), gathered_v_.data<float>()};
-  }();
+  const Moments local = data_parallel_->full_moments(optimizer_->m().data<float>(), optimizer_->v().data<float>());
   const float* mine[3] = {params_->master().data<float>(), local.m, local.v};
   const auto n_local = static_cast<size_t>(params_->table().total_numel());
   const int tp_rank = tp_->rank(), tp_size = tp_->size();
@@ -309,64 +256,20 @@ Trainer::Moments Trainer::full_moments() const {
     if (!whole_m_.numel()) throw Error("internal: a tensor-parallel checkpoint needs gather_full_state() first");
     return {whole_m_.data<float>(), whole_v_.data<float>()};
   }
-  if (!zero_) return {optimizer_->m().data<float>(), optimizer_->v().data<float>()};
-  if (!gathered_m_.numel()) throw Error("internal: a ZeRO checkpoint needs gather_full_state() on every rank first");
-  return {gathered_m_.data<float>(), gathered_v_.data<float>()};
+  return data_parallel_->full_moments(optimizer_->m().data<float>(), optimizer_->v().data<float>());
 }
 
 void Trainer::gather_full_state() {
-  if (!zero_) return gather_tp_shards();
-  const auto& plan = zero_->plan();
-  const float* m = optimizer_->m().data<float>();
-  const float* v = optimizer_->v().data<float>();
-  std::vector<comm::Work> works;
-  if (dp_rank_ == 0) {
-    Allocator& alloc = backend_.allocator();
-    const int64_t total = params_->table().total_numel();
-    gathered_m_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
-    gathered_v_ = Tensor::empty({total}, DType::F32, alloc, MemCategory::Optimizer);
-  }
-  // Point to point to dp rank 0, unit by unit: the other ranks need no memory for the save.
-  for (size_t u = 0; u < plan.units(); ++u) {
-    const uint64_t tag = kMomentsTag + 2 * u;
-    if (dp_rank_ != 0) {
-      const auto n = static_cast<size_t>(plan.piece(u, dp_rank_).size());
-      const int64_t local = plan.local_offset(u, dp_rank_);
-      if (n == 0) continue;
-      works.push_back(dp_->send(m + local, n, DType::F32, 0, tag));
-      works.push_back(dp_->send(v + local, n, DType::F32, 0, tag + 1));
-      continue;
-    }
-    for (int r = 0; r < dp_size_; ++r) {
-      const auto p = plan.piece(u, r);
-      if (p.size() == 0) continue;
-      float* gm = gathered_m_.data<float>() + p.begin;
-      float* gv = gathered_v_.data<float>() + p.begin;
-      const auto n = static_cast<size_t>(p.size());
-      if (r == 0) {
-        std::memcpy(gm, m + plan.local_offset(u, 0), n * sizeof(float));
-        std::memcpy(gv, v + plan.local_offset(u, 0), n * sizeof(float));
-        continue;
-      }
-      works.push_back(dp_->recv(gm, n, DType::F32, r, tag));
-      works.push_back(dp_->recv(gv, n, DType::F32, r, tag + 1));
-    }
-  }
-  for (auto& w : works) w.wait();
-  zero_->gather_full_masters(0);  // where the masters are sharded (ZeRO-3; ZeRO-1/2 in bf16)
+  data_parallel_->gather_full_state(optimizer_->m().data<float>(), optimizer_->v().data<float>(), backend_.allocator());
   gather_tp_shards();
 }
 
 void Trainer::release_full_state() {
-  gathered_m_ = Tensor();
-  gathered_v_ = Tensor();
+  data_parallel_->release_full_state();
   whole_master_ = whole_m_ = whole_v_ = Tensor();
-  if (zero_) zero_->release_all();
 }
 
-std::vector<spec::ArenaRange> Trainer::weights_held() const {
-  return stage_ == 3 ? zero_->owned() : std::vector<spec::ArenaRange>{};
-}
+std::vector<spec::ArenaRange> Trainer::weights_held() const { return data_parallel_->weights_held(); }
 
 size_t Trainer::on_demand_resident_bytes() const {
   size_t n = 0;
@@ -378,10 +281,7 @@ size_t Trainer::on_demand_resident_bytes() const {
 void Trainer::weights_changed() {
   const auto held = weights_held();
   params_->refresh_lowp(held);
-  if (zero_) {
-    zero_->release_all();
-    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: loaded whole, kept sharded
-  }
+  data_parallel_->weights_changed();
 }
 
 double Trainer::dp_sum(double v) const {
@@ -397,11 +297,10 @@ double Trainer::tp_sum(double v) const {
 double Trainer::gradient_norm() const {
   // Under ZeRO each rank holds the summed gradient of its pieces only; across tp, replicated tensors
   // are counted on their first holder only.
-  std::vector<spec::ArenaRange> mine =
-      zero_ ? optimizer_->pieces() : std::vector<spec::ArenaRange>{{0, params_->table().total_numel()}};
+  std::vector<spec::ArenaRange> mine = data_parallel_->gradient_pieces();
   if (tp_) mine = spec::intersect(mine, spec::counted_ranges(params_->table()));
   double sq = grad_sum_squares(*params_, mine);
-  if (zero_) sq = dp_sum(sq);
+  if (data_parallel_->gradients_sharded()) sq = dp_sum(sq);
   return std::sqrt(tp_sum(sq));
 }
 

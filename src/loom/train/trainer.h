@@ -10,9 +10,8 @@
 
 #include "loom/comm/process_group.h"
 #include "loom/kernels/backend.h"
-#include "loom/parallel/grad_buckets.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/parallel/parallelize.h"
-#include "loom/parallel/zero_engine.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
 #include "loom/train/lr_schedule.h"
@@ -67,10 +66,7 @@ class Trainer {
   // shard on global rank 0 (laid out by the whole model's table), so a checkpoint holds full Hugging
   // Face tensors whatever the layout. full_table(), full_master() and full_moments() are what a save
   // writes: this rank's own state where nothing is sharded.
-  struct Moments {
-    const float* m;
-    const float* v;
-  };
+  using Moments = parallel::DataParallel::Moments;
   Moments full_moments() const;
   const spec::ParamTable& full_table() const;
   const float* full_master() const;
@@ -85,7 +81,7 @@ class Trainer {
   // check on the memory accounting.
   size_t on_demand_resident_bytes() const;
   // ZeRO stage in effect (0 alone or without ZeRO).
-  int zero_stage() const { return zero_ ? zero_->stage() : 0; }
+  int zero_stage() const { return data_parallel_->stage(); }
   // Runs steps start_step()+1 .. train.steps, calling on_step after each; stops early (after the
   // step) when on_step returns false.
   void run(const std::function<bool(const StepMetrics&)>& on_step);
@@ -120,7 +116,6 @@ class Trainer {
   comm::ProcessGroup* dp_;
   comm::ProcessGroup* tp_;
   int dp_size_ = 1, dp_rank_ = 0;
-  int stage_ = 0;                                   // ZeRO stage in effect (0 without dp)
   // DDP / ZeRO-1: the gradient arena in the dp group's registered memory, so the reductions read it in
   // place instead of staging a copy (plain memory when the group's arena has no room). Declared before
   // params_ so it outlives the views into it.
@@ -129,10 +124,8 @@ class Trainer {
   double flops_per_token_;
   std::unique_ptr<model::ParameterStore> params_;
   std::unique_ptr<model::Transformer> model_;
-  std::unique_ptr<parallel::GradBuckets> buckets_;  // data parallelism without ZeRO
-  std::unique_ptr<parallel::ZeroEngine> zero_;      // ZeRO-1/2/3
-  std::unique_ptr<StepHooks> hooks_;                // what dp does around each unit
-  Tensor gathered_m_, gathered_v_;                  // ZeRO: full moments while a checkpoint is saved
+  std::unique_ptr<parallel::DataParallel> data_parallel_;  // DDP, ZeRO-1/2/3, or nothing alone
+  std::unique_ptr<StepHooks> hooks_;                       // the model's unit hooks, handed to it
   spec::ParamTable whole_table_;                    // tp: the whole model's table
   Tensor whole_master_, whole_m_, whole_v_;         // tp: whole tensors while a checkpoint is saved
   std::unique_ptr<AdamW> optimizer_;

@@ -1,0 +1,302 @@
+#include "loom/parallel/data_parallel.h"
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include "loom/error.h"
+#include "loom/parallel/grad_buckets.h"
+
+namespace loom::parallel {
+
+namespace {
+
+// Point-to-point tags of a checkpoint's moment gather (two per unit), clear of any other sender's.
+constexpr uint64_t kMomentsTag = uint64_t{0x5A4} << 40;
+
+// One rank: the whole model, nothing to reduce.
+class Alone final : public DataParallel {
+ public:
+  explicit Alone(int64_t total) : DataParallel(total) {}
+};
+
+// DDP: every rank holds everything; gradient buckets are all-reduced as backward makes them final,
+// once per step (during the last micro-batch's backward).
+class Ddp final : public DataParallel {
+ public:
+  Ddp(comm::ProcessGroup& dp, const DataParallelSetup& s, profile::Tracer* tracer)
+      : DataParallel(s.table->total_numel()), dp_(dp), table_(*s.table), bucket_bytes_(s.bucket_bytes),
+        block_starts_(s.table->block_starts(s.n_layers)), tracer_(tracer) {}
+
+  int size() const override { return dp_.size(); }
+  int rank() const override { return dp_.rank(); }
+
+  ArenaNeeds arena_needs() override {
+    ArenaNeeds n;
+    try {
+      n.grads_memory = dp_.register_buffer(static_cast<size_t>(table_total_) * sizeof(float), MemCategory::Gradients);
+    } catch (const CommError&) {
+      // The group's arena is full (LOOM_COMM_ARENA_MB): plain memory works, with one staging copy more.
+    }
+    return n;
+  }
+  void attach(const ZeroArenas& a) override {
+    DataParallel::attach(a);
+    buckets_ = std::make_unique<GradBuckets>(table_, a.grads, dp_, bucket_bytes_);
+  }
+  void begin_micro_batch(bool training, bool last) override {
+    reduce_ = training && last;
+    if (reduce_) buckets_->begin();
+  }
+  void after_backward(int64_t unit) override {
+    if (reduce_) buckets_->ready_from(unit >= 0 ? block_starts_[static_cast<size_t>(unit)] : 0);
+  }
+  void finish_gradients() override {
+    profile::Span span(tracer_, "dp_all_reduce_wait", profile::Category::Communication, 0,
+                       static_cast<double>(total_) * 4);
+    const auto w0 = std::chrono::steady_clock::now();
+    buckets_->finish();
+    wait_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    reduce_ = false;
+  }
+  ReplicatedState replicated() const override { return {true, false, true}; }
+  double wait_seconds() const override { return wait_; }
+  double comm_cpu_seconds() const override { return dp_.stats().comm_cpu_seconds; }
+
+ private:
+  comm::ProcessGroup& dp_;
+  spec::ParamTable table_;
+  size_t bucket_bytes_;
+  std::vector<int64_t> block_starts_;
+  profile::Tracer* tracer_;
+  std::unique_ptr<GradBuckets> buckets_;
+  bool reduce_ = false;
+  double wait_ = 0;
+};
+
+// ZeRO 1-3 over the dp group: the optimizer state (1), the gradients (2) and the weights (3) are
+// sharded unit by unit (spec::ShardPlan); ZeroEngine moves the pieces.
+class Zero final : public DataParallel {
+ public:
+  Zero(comm::ProcessGroup& dp, const DataParallelSetup& s, Allocator& alloc, profile::Tracer* tracer)
+      : DataParallel(s.table->total_numel()), dp_(dp), table_(*s.table), L_(s.n_layers), stage_(s.zero_stage),
+        bf16_(s.bf16), release_(s.release), alloc_(alloc), tracer_(tracer),
+        plan_(spec::unit_bounds_from_blocks(s.table->block_starts(s.n_layers), s.table->total_numel()), dp.size()) {}
+
+  int size() const override { return dp_.size(); }
+  int rank() const override { return dp_.rank(); }
+  int stage() const override { return stage_; }
+
+  // ZeRO-3 reserves the weight arenas and backs only this rank's pieces; ZeRO-2/3 likewise the gradients.
+  // ZeRO-1/2 in bf16 mode shard the f32 masters too: replicas compute from the bf16 copies (and the few
+  // elements read in f32), so only the optimizer's pieces need f32 masters.
+  ArenaNeeds arena_needs() override {
+    ArenaNeeds n;
+    n.master_on_demand = stage_ == 3 || bf16_;
+    n.lowp_on_demand = stage_ == 3;
+    n.grads_on_demand = stage_ >= 2;
+    if (stage_ == 1) {
+      try {
+        n.grads_memory = dp_.register_buffer(static_cast<size_t>(table_total_) * sizeof(float), MemCategory::Gradients);
+      } catch (const CommError&) {
+      }
+    }
+    return n;
+  }
+  std::vector<spec::ArenaRange> optimizer_pieces() const override { return plan_.pieces(dp_.rank()); }
+  std::vector<spec::ArenaRange> weights_held() const override {
+    return stage_ == 3 ? plan_.pieces(dp_.rank()) : std::vector<spec::ArenaRange>{};
+  }
+  void attach(const ZeroArenas& a) override {
+    DataParallel::attach(a);
+    std::vector<spec::ArenaRange> f32_read;
+    for (const auto& p : table_.params())
+      if (!p.gemm_only) f32_read.push_back({p.offset, p.offset + p.numel()});
+    ZeroArenas arenas = a;
+    arenas.release = release_;
+    zero_ = std::make_unique<ZeroEngine>(plan_, stage_, arenas, std::move(f32_read), dp_, alloc_, tracer_);
+    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: initialised whole, kept sharded
+  }
+
+  void begin_step() override {
+    // ZeRO-2/3 keep no full gradient: only this rank's pieces accumulate across micro-batches.
+    if (stage_ >= 2)
+      zero_->zero_owned_grads();
+    else
+      DataParallel::begin_step();
+  }
+  // ZeRO-1 reduces once, during the last micro-batch's backward; ZeRO-2/3 every micro-batch (they keep
+  // no full gradient to accumulate into).
+  void begin_micro_batch(bool training, bool last) override {
+    training_ = training;
+    reduce_ = training && (stage_ >= 2 || last);
+  }
+
+  void before_forward(int64_t unit) override {
+    if (stage_ != 3) return;
+    const size_t tail = plan_unit(L_);
+    if (unit < 0) {
+      // The embeddings and the head (tied or not) are used at both ends of the pass: gather them first,
+      // with block 0 right behind.
+      zero_->require(plan_unit(-1));
+      zero_->prefetch(tail);
+      zero_->prefetch(plan_unit(0));
+    } else if (unit < L_) {
+      zero_->require(plan_unit(unit));
+      if (unit + 1 < L_) zero_->prefetch(plan_unit(unit + 1));
+    } else {
+      zero_->require(tail);
+    }
+  }
+  void after_forward(int64_t unit) override {
+    if (stage_ != 3) return;
+    // The last block is needed again at once by backward: keep it instead of gathering it twice.
+    if (unit >= 0 && unit < L_ && !(training_ && unit == L_ - 1)) zero_->release(plan_unit(unit));
+    if (unit == L_ && !training_) {
+      zero_->release(plan_unit(-1));
+      zero_->release(plan_unit(L_));
+    }
+  }
+  void before_backward(int64_t unit) override {
+    if (stage_ == 3) {
+      if (unit == L_) {
+        if (L_ > 0) zero_->prefetch(plan_unit(L_ - 1));
+      } else if (unit >= 0) {
+        zero_->require(plan_unit(unit));
+        if (unit > 0) zero_->prefetch(plan_unit(unit - 1));
+      }
+    }
+    if (stage_ >= 2) {
+      // A tied head adds into the embedding gradient from the first unit of backward on.
+      if (unit == L_) {
+        zero_->zero_unit_grads(plan_unit(L_));
+        zero_->zero_unit_grads(plan_unit(-1));
+      } else if (unit >= 0) {
+        zero_->zero_unit_grads(plan_unit(unit));
+      }
+    }
+  }
+  void after_backward(int64_t unit) override {
+    if (reduce_) {
+      const size_t u = plan_unit(unit);
+      zero_->reduce_unit(u);
+      if (stage_ >= 2) {
+        // One unit's reduction overlaps the next unit's backward; then its pages go back.
+        if (reducing_) zero_->finish_unit(*reducing_);
+        reducing_ = u;
+        if (unit < 0) {
+          zero_->finish_all();
+          reducing_.reset();
+        }
+      }
+    }
+    if (stage_ == 3) {
+      if (unit >= 0 && unit < L_) zero_->release(plan_unit(unit));
+      if (unit < 0) {
+        zero_->release(plan_unit(-1));
+        zero_->release(plan_unit(L_));
+      }
+    }
+  }
+  void finish_gradients() override { zero_->finish_all(); }
+  std::vector<spec::ArenaRange> gradient_pieces() const override { return plan_.pieces(dp_.rank()); }
+  bool gradients_sharded() const override { return true; }
+  bool after_optimizer_step() override {
+    // ZeRO-1/2: each rank updated its pieces of the weights; every replica needs all of them. (ZeRO-3
+    // gathers each unit when the next forward reaches it.)
+    if (stage_ == 3) return false;
+    zero_->all_gather_masters();
+    return !zero_->masters_sharded();
+  }
+
+  void gather_full_state(const float* m, const float* v, Allocator& alloc) override {
+    const int me = dp_.rank();
+    std::vector<comm::Work> works;
+    if (me == 0) {
+      gathered_m_ = Tensor::empty({table_total_}, DType::F32, alloc, MemCategory::Optimizer);
+      gathered_v_ = Tensor::empty({table_total_}, DType::F32, alloc, MemCategory::Optimizer);
+    }
+    // Point to point to dp rank 0, unit by unit: the other ranks need no memory for the save.
+    for (size_t u = 0; u < plan_.units(); ++u) {
+      const uint64_t tag = kMomentsTag + 2 * u;
+      if (me != 0) {
+        const auto n = static_cast<size_t>(plan_.piece(u, me).size());
+        const int64_t local = plan_.local_offset(u, me);
+        if (n == 0) continue;
+        works.push_back(dp_.send(m + local, n, DType::F32, 0, tag));
+        works.push_back(dp_.send(v + local, n, DType::F32, 0, tag + 1));
+        continue;
+      }
+      for (int r = 0; r < dp_.size(); ++r) {
+        const auto p = plan_.piece(u, r);
+        if (p.size() == 0) continue;
+        float* gm = gathered_m_.data<float>() + p.begin;
+        float* gv = gathered_v_.data<float>() + p.begin;
+        const auto n = static_cast<size_t>(p.size());
+        if (r == 0) {
+          std::memcpy(gm, m + plan_.local_offset(u, 0), n * sizeof(float));
+          std::memcpy(gv, v + plan_.local_offset(u, 0), n * sizeof(float));
+          continue;
+        }
+        works.push_back(dp_.recv(gm, n, DType::F32, r, tag));
+        works.push_back(dp_.recv(gv, n, DType::F32, r, tag + 1));
+      }
+    }
+    for (auto& w : works) w.wait();
+    zero_->gather_full_masters(0);  // where the masters are sharded (ZeRO-3; ZeRO-1/2 in bf16)
+  }
+  Moments full_moments(const float*, const float*) const override {
+    if (!gathered_m_.numel()) throw Error("internal: a ZeRO checkpoint needs gather_full_state() on every rank first");
+    return {gathered_m_.data<float>(), gathered_v_.data<float>()};
+  }
+  void release_full_state() override {
+    gathered_m_ = gathered_v_ = Tensor();
+    zero_->release_all();
+  }
+  void weights_changed() override {
+    zero_->release_all();
+    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: loaded whole, kept sharded
+  }
+  // ZeRO-3 replicates no state (every rank holds different pieces); under ZeRO-1/2 the moments are
+  // pieces, different by design: only the weights must agree (the bf16 copies where the f32 masters
+  // are sharded too).
+  ReplicatedState replicated() const override {
+    if (stage_ == 3) return {};
+    return {true, zero_->masters_sharded(), false};
+  }
+  double wait_seconds() const override { return zero_->wait_seconds(); }
+  double comm_cpu_seconds() const override { return dp_.stats().comm_cpu_seconds; }
+
+ private:
+  // ShardPlan unit of a model unit: embeddings 0, block l l+1, final norm + head n_layers+1.
+  size_t plan_unit(int64_t unit) const { return static_cast<size_t>(unit + 1); }
+
+  comm::ProcessGroup& dp_;
+  spec::ParamTable table_;
+  int64_t L_;
+  int stage_;
+  bool bf16_;
+  PageReservation::Release release_;
+  Allocator& alloc_;
+  profile::Tracer* tracer_;
+  spec::ShardPlan plan_;
+  std::unique_ptr<ZeroEngine> zero_;
+  bool training_ = true, reduce_ = false;
+  std::optional<size_t> reducing_;  // ZeRO-2/3: the unit whose reduction overlaps the current backward
+  Tensor gathered_m_, gathered_v_;   // full moments on dp rank 0 while a checkpoint is saved
+};
+
+}  // namespace
+
+void DataParallel::begin_step() {
+  if (grads_ && total_ > 0) std::memset(grads_, 0, static_cast<size_t>(total_) * sizeof(float));
+}
+
+std::unique_ptr<DataParallel> make_data_parallel(comm::ProcessGroup* dp, const DataParallelSetup& setup, Allocator& alloc,
+                                                 profile::Tracer* tracer) {
+  if (!dp || dp->size() <= 1) return std::make_unique<Alone>(setup.table->total_numel());
+  if (setup.zero_stage >= 1) return std::make_unique<Zero>(*dp, setup, alloc, tracer);
+  return std::make_unique<Ddp>(*dp, setup, tracer);
+}
+
+}  // namespace loom::parallel
