@@ -4,63 +4,68 @@
 #include <cstring>
 
 #include "loom/error.h"
-#include "loom/kernels/elementwise.h"
 
 namespace loom::model {
 
+// The new rows at positions [pos, pos + n): rotary embedding at their positions (Llama), keys and
+// values appended to the layer's cache, queries attended against every cached position.
+class Generator::CachedAttention final : public AttentionStep {
+ public:
+  CachedAttention(Generator& g, int64_t layer, int64_t pos, int64_t n) : g_(g), layer_(layer), pos_(pos), n_(n) {}
+  void forward(const Tensor& att, const Tensor& /*lse*/, const Tensor& qkv) override {
+    const auto& c = g_.cfg_;
+    const int64_t D = c.head_dim(), H = c.n_heads, KV = c.n_kv_heads, QKV = (H + 2 * KV) * D;
+    auto& be = g_.backend_;
+    if (g_.llama_)
+      be.rope_forward(qkv, g_.rope_.cos.slice(pos_, pos_ + n_), g_.rope_.sin.slice(pos_, pos_ + n_),
+                      kernels::AttentionShape{1, n_, H, KV, D, 1.0f});
+    const Tensor q = g_.q_.slice(0, n_);
+    const Tensor& k_cache = g_.k_cache_[static_cast<size_t>(layer_)];
+    const Tensor& v_cache = g_.v_cache_[static_cast<size_t>(layer_)];
+    // Split each row into q (attended now) and k, v (appended to the cache).
+    for (int64_t i = 0; i < n_; ++i) {
+      const float* row = qkv.data<float>() + i * QKV;
+      std::memcpy(q.data<float>() + i * H * D, row, sizeof(float) * H * D);
+      std::memcpy(k_cache.data<float>() + (pos_ + i) * KV * D, row + H * D, sizeof(float) * KV * D);
+      std::memcpy(v_cache.data<float>() + (pos_ + i) * KV * D, row + (H + KV) * D, sizeof(float) * KV * D);
+    }
+    be.attention_decode(att, q, k_cache, v_cache,
+                        kernels::DecodeShape{n_, pos_, H, KV, D, 1.0f / std::sqrt(static_cast<float>(D))});
+  }
+
+ private:
+  Generator& g_;
+  int64_t layer_, pos_, n_;
+};
+
 Generator::Generator(spec::TransformerConfig cfg, const ParameterStore& P, kernels::Backend& backend)
-    : cfg_(std::move(cfg)), backend_(backend), llama_(cfg_.arch == spec::Arch::Llama) {
+    : cfg_(std::move(cfg)),
+      backend_(backend),
+      llama_(cfg_.arch == spec::Arch::Llama),
+      ops_(std::make_unique<kernels::LayerOps>(backend)) {
+  if (!P.table().shard().whole())
+    throw Error("internal: generation runs on the whole model, not a tensor-parallel shard");
+  local_ = local_widths(cfg_, P.table());
+  w_ = bind_weights(cfg_, P, local_);
+  runner_ = std::make_unique<BlockRunner>(cfg_, backend_, *ops_, /*lowp=*/false);
   const int64_t T = cfg_.max_seq, C = cfg_.d_model, D = cfg_.head_dim(), H = cfg_.n_heads, KV = cfg_.n_kv_heads;
   const int64_t F = cfg_.d_ff, QKV = (H + 2 * KV) * D;
   Allocator& alloc = backend_.allocator();
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, MemCategory::Activations); };
-  auto opt = [&](const std::string& name) { return P.table().index_of(name) ? P.param(name) : Tensor(); };
-  if (llama_) {
-    wte_ = P.param("model.embed_tokens.weight");
-    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-      std::string p = "model.layers." + std::to_string(l) + ".";
-      Layer L;
-      L.n1_w = P.param(p + "input_layernorm.weight");
-      L.qkv_w = P.param_rows(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight");
-      L.out_w = P.param(p + "self_attn.o_proj.weight");
-      L.n2_w = P.param(p + "post_attention_layernorm.weight");
-      L.up_w = P.param_rows(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
-      L.down_w = P.param(p + "mlp.down_proj.weight");
-      layers_.push_back(std::move(L));
-    }
-    nf_w_ = P.param("model.norm.weight");
-    head_w_ = cfg_.tie_embeddings ? wte_ : P.param("lm_head.weight");
-    rope_cos_ = f32({T, D / 2}), rope_sin_ = f32({T, D / 2});
-    kernels::rope_tables(rope_cos_.data<float>(), rope_sin_.data<float>(), T, D, cfg_.rope_theta);
-  } else {
-    wte_ = P.param("transformer.wte.weight"), wpe_ = P.param("transformer.wpe.weight");
-    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-      std::string p = "transformer.h." + std::to_string(l) + ".";
-      Layer L;
-      L.n1_w = P.param(p + "ln_1.weight"), L.n1_b = P.param(p + "ln_1.bias");
-      L.qkv_w = P.param(p + "attn.c_attn.weight"), L.qkv_b = P.param(p + "attn.c_attn.bias");
-      L.out_w = P.param(p + "attn.c_proj.weight"), L.out_b = P.param(p + "attn.c_proj.bias");
-      L.n2_w = P.param(p + "ln_2.weight"), L.n2_b = P.param(p + "ln_2.bias");
-      L.up_w = P.param(p + "mlp.c_fc.weight"), L.up_b = P.param(p + "mlp.c_fc.bias");
-      L.down_w = P.param(p + "mlp.c_proj.weight"), L.down_b = P.param(p + "mlp.c_proj.bias");
-      layers_.push_back(std::move(L));
-    }
-    nf_w_ = P.param("transformer.ln_f.weight"), nf_b_ = P.param("transformer.ln_f.bias");
-    head_w_ = cfg_.tie_embeddings ? wte_ : opt("lm_head.weight");
-  }
-  for (auto& L : layers_) L.k_cache = f32({T, KV * D}), L.v_cache = f32({T, KV * D});
+  if (llama_) rope_ = make_rope_tables(cfg_, alloc);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) k_cache_.push_back(f32({T, KV * D})), v_cache_.push_back(f32({T, KV * D}));
+  // fp32: the GEMM inputs are the f32 tensors themselves.
+  auto& a = scratch_;
+  a.n1_mean = f32({T}), a.n1_rstd = f32({T}), a.n1_out = a.n1_lp = f32({T, C});
+  a.qkv = f32({T, QKV}), a.att = a.att_lp = f32({T, H * D}), a.x_mid = f32({T, C});
+  a.n2_mean = a.n1_mean, a.n2_rstd = a.n1_rstd, a.n2_out = a.n2_lp = a.n1_out;
+  a.h_pre = f32({T, llama_ ? 2 * F : F}), a.h_act = a.h_act_lp = f32({T, F});
   tokens_ = Tensor::empty({1, T}, DType::I32, alloc, MemCategory::Activations);
-  x_ = f32({T, C}), h_ = f32({T, C}), qkv_ = f32({T, QKV}), q_ = f32({T, H * D}), att_ = f32({T, H * D});
-  up_ = f32({T, llama_ ? 2 * F : F}), act_ = f32({T, F}), mean_ = f32({T}), rstd_ = f32({T});
-  logits_ = f32({1, cfg_.vocab_size});
+  x_[0] = f32({T, C}), x_[1] = f32({T, C}), h_ = f32({1, C}), q_ = f32({T, H * D});
+  mean_ = f32({1}), rstd_ = f32({1}), logits_ = f32({1, cfg_.vocab_size});
 }
 
-void Generator::norm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, int64_t n) {
-  if (llama_)
-    backend_.rmsnorm_forward(out, rstd_.slice(0, n), x, w, cfg_.norm_eps);
-  else
-    backend_.layernorm_forward(out, mean_.slice(0, n), rstd_.slice(0, n), x, w, b, cfg_.norm_eps);
-}
+Generator::~Generator() = default;
 
 std::span<const float> Generator::feed(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()), pos = position_;
@@ -72,50 +77,30 @@ std::span<const float> Generator::feed(std::span<const int32_t> tokens) {
     if (t < 0 || t >= cfg_.vocab_size)
       throw ConfigError("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                         std::to_string(cfg_.vocab_size) + ")");
-  const int64_t D = cfg_.head_dim(), H = cfg_.n_heads, KV = cfg_.n_kv_heads;
-  const int64_t QKV = (H + 2 * KV) * D;
-  auto& be = backend_;
-  auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };
   Tensor tok = tokens_.view(0, {1, n});
   std::memcpy(tok.raw(), tokens.data(), sizeof(int32_t) * static_cast<size_t>(n));
-  Tensor x = x_.slice(0, n), h = h_.slice(0, n), qkv = qkv_.slice(0, n), q = q_.slice(0, n), att = att_.slice(0, n);
-  Tensor up = up_.slice(0, n), act = act_.slice(0, n);
+  // The first n rows of every scratch tensor.
+  const auto& s = scratch_;
+  BlockActivations a;
+  a.n1_mean = s.n1_mean.slice(0, n), a.n1_rstd = s.n1_rstd.slice(0, n), a.n1_out = a.n1_lp = s.n1_out.slice(0, n);
+  a.qkv = s.qkv.slice(0, n), a.att = a.att_lp = s.att.slice(0, n), a.x_mid = s.x_mid.slice(0, n);
+  a.n2_mean = a.n1_mean, a.n2_rstd = a.n1_rstd, a.n2_out = a.n2_lp = a.n1_out;
+  a.h_pre = s.h_pre.slice(0, n), a.h_act = a.h_act_lp = s.h_act.slice(0, n);
+  Tensor x[2] = {x_[0].slice(0, n), x_[1].slice(0, n)};
   if (llama_) {
-    be.embedding_forward(x, tok, wte_, nullptr);
+    ops_->embedding_forward(x[0], tok, w_.wte, nullptr);
   } else {
-    Tensor wpe = wpe_.slice(pos, pos + n);
-    be.embedding_forward(x, tok, wte_, &wpe);
+    Tensor wpe = w_.wpe.slice(pos, pos + n);  // learned positions from the current one
+    ops_->embedding_forward(x[0], tok, w_.wte, &wpe);
   }
-  const kernels::AttentionShape rope_shape{1, n, H, KV, D, 1.0f};
-  const kernels::DecodeShape ds{n, pos, H, KV, D, 1.0f / std::sqrt(static_cast<float>(D))};
-  for (auto& L : layers_) {
-    norm(h, x, L.n1_w, L.n1_b, n);
-    be.linear_forward(qkv, h, L.qkv_w, bias(L.qkv_b), false);
-    if (llama_) be.rope_forward(qkv, rope_cos_.slice(pos, pos + n), rope_sin_.slice(pos, pos + n), rope_shape);
-    // Split each row into q (attended now) and k, v (appended to the cache).
-    for (int64_t i = 0; i < n; ++i) {
-      const float* row = qkv.data<float>() + i * QKV;
-      std::memcpy(q.data<float>() + i * H * D, row, sizeof(float) * H * D);
-      std::memcpy(L.k_cache.data<float>() + (pos + i) * KV * D, row + H * D, sizeof(float) * KV * D);
-      std::memcpy(L.v_cache.data<float>() + (pos + i) * KV * D, row + (H + KV) * D, sizeof(float) * KV * D);
-    }
-    be.attention_decode(att, q, L.k_cache, L.v_cache, ds);
-    be.linear_forward(x, att, L.out_w, bias(L.out_b), true);
-    norm(h, x, L.n2_w, L.n2_b, n);
-    be.linear_forward(up, h, L.up_w, bias(L.up_b), false);
-    if (llama_)
-      be.swiglu_forward(act, up);
-    else
-      be.gelu_forward(act, up);
-    be.linear_forward(x, act, L.down_w, bias(L.down_b), true);
+  int in = 0;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l, in ^= 1) {
+    CachedAttention attention(*this, l, pos, n);
+    runner_->forward(w_.blocks[static_cast<size_t>(l)], a, x[in], x[in ^ 1], attention);
   }
   // Only the last position's logits are needed to pick the next token.
-  Tensor last = x.slice(n - 1, n), hl = h.slice(0, 1);
-  if (llama_)
-    be.rmsnorm_forward(hl, rstd_.slice(0, 1), last, nf_w_, cfg_.norm_eps);
-  else
-    be.layernorm_forward(hl, mean_.slice(0, 1), rstd_.slice(0, 1), last, nf_w_, nf_b_, cfg_.norm_eps);
-  be.linear_forward(logits_, hl, head_w_, nullptr, false);
+  runner_->norm_forward(w_.norm_f, h_, mean_, rstd_, x[in].slice(n - 1, n));
+  ops_->column_forward(logits_, h_, w_.head);
   position_ += n;
   rows_computed_ += n;
   return {logits_.data<float>(), static_cast<size_t>(cfg_.vocab_size)};

@@ -10,6 +10,28 @@ namespace loom::model {
 
 using spec::Arch;
 
+namespace {
+
+// Training attends over the whole micro-batch: rotary embedding in place (Llama), causal attention,
+// the softmax statistics kept for backward.
+class WholeSequence final : public AttentionStep {
+ public:
+  WholeSequence(kernels::Backend& be, const RopeTables& rope, bool llama, const kernels::AttentionShape& s)
+      : be_(be), rope_(rope), llama_(llama), s_(s) {}
+  void forward(const Tensor& att, const Tensor& lse, const Tensor& qkv) override {
+    if (llama_) be_.rope_forward(qkv, rope_.cos, rope_.sin, s_);
+    be_.attention_forward(att, lse, qkv, s_);
+  }
+
+ private:
+  kernels::Backend& be_;
+  const RopeTables& rope_;
+  bool llama_;
+  kernels::AttentionShape s_;
+};
+
+}  // namespace
+
 Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
                          kernels::LayerOps* ops)
     : cfg_(std::move(cfg)),
@@ -18,71 +40,17 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
       ops_(ops ? ops : own_ops_.get()),
       backend_(backend),
       llama_(cfg_.arch == Arch::Llama),
-      lowp_(params.precision() == Precision::BF16) {
+      lowp_(params.precision() == Precision::BF16),
+      runner_(cfg_, backend, *ops_, lowp_) {
   cfg_.validate();
-  auto& P = params_;
-  const int tp = P.table().shard().tp_size;
-  if (ops_->size() != tp || ops_->rank() != P.table().shard().tp_rank)
-    throw Error("internal: the parameter table is tp rank " + std::to_string(P.table().shard().tp_rank) + " of " +
-                std::to_string(tp) + " but the layer ops are rank " + std::to_string(ops_->rank()) + " of " +
+  const auto& shard = params_.table().shard();
+  if (ops_->size() != shard.tp_size || ops_->rank() != shard.tp_rank)
+    throw Error("internal: the parameter table is tp rank " + std::to_string(shard.tp_rank) + " of " +
+                std::to_string(shard.tp_size) + " but the layer ops are rank " + std::to_string(ops_->rank()) + " of " +
                 std::to_string(ops_->size()));
-  local_.heads = cfg_.n_heads / tp;
-  local_.kv_heads = cfg_.n_kv_heads >= tp ? cfg_.n_kv_heads / tp : 1;
-  local_.d_ff = cfg_.d_ff / tp;
-  local_.vocab = P.table().at(llama_ ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0];
-  // KV heads fewer than tp: this rank's K and V rows are a piece tp / n_kv_heads ranks share.
-  const int kv_shared_by = cfg_.n_kv_heads >= tp ? 1 : tp / static_cast<int>(cfg_.n_kv_heads);
-  auto linear = [&](const std::string& w, const std::string& b) {
-    LinearViews v{P.compute(w), P.grad(w), {}, {}};
-    if (!b.empty()) v.b = P.param(b), v.db = P.grad(b);
-    return v;
-  };
-  auto fused = [&](const std::string& first, const std::string& last) {
-    return LinearViews{P.compute_rows(first, last), P.grad_rows(first, last), {}, {}};
-  };
-  auto with_shared_kv = [&](LinearViews v) {
-    if (kv_shared_by > 1) {
-      const int64_t D = cfg_.head_dim();
-      v.shared_begin = local_.heads * D, v.shared_end = (local_.heads + 2 * local_.kv_heads) * D;
-      v.shared_by = kv_shared_by;
-    }
-    return v;
-  };
-  auto norm = [&](const std::string& prefix) {
-    NormViews n{P.param(prefix + ".weight"), P.grad(prefix + ".weight"), {}, {}};
-    if (!llama_) n.b = P.param(prefix + ".bias"), n.db = P.grad(prefix + ".bias");
-    return n;
-  };
-  if (llama_) {
-    wte_ = P.param("model.embed_tokens.weight"), dwte_ = P.grad("model.embed_tokens.weight");
-    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-      std::string p = "model.layers." + std::to_string(l) + ".";
-      blocks_.push_back({norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
-                         with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")),
-                         linear(p + "self_attn.o_proj.weight", ""),
-                         fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                         linear(p + "mlp.down_proj.weight", "")});
-    }
-    norm_f_ = norm("model.norm");
-    head_ = cfg_.tie_embeddings ? linear("model.embed_tokens.weight", "") : linear("lm_head.weight", "");
-    const int64_t D = cfg_.head_dim();
-    Allocator& alloc = backend_.allocator();
-    rope_cos_ = Tensor::empty({cfg_.max_seq, D / 2}, DType::F32, alloc, MemCategory::Activations);
-    rope_sin_ = Tensor::empty({cfg_.max_seq, D / 2}, DType::F32, alloc, MemCategory::Activations);
-    kernels::rope_tables(rope_cos_.data<float>(), rope_sin_.data<float>(), cfg_.max_seq, D, cfg_.rope_theta);
-  } else {
-    wte_ = P.param("transformer.wte.weight"), dwte_ = P.grad("transformer.wte.weight");
-    wpe_ = P.param("transformer.wpe.weight"), dwpe_ = P.grad("transformer.wpe.weight");
-    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-      std::string p = "transformer.h." + std::to_string(l) + ".";
-      blocks_.push_back({norm(p + "ln_1"), norm(p + "ln_2"), linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias"),
-                         linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias"),
-                         linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"),
-                         linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")});
-    }
-    norm_f_ = norm("transformer.ln_f");
-    head_ = cfg_.tie_embeddings ? linear("transformer.wte.weight", "") : linear("lm_head.weight", "");
-  }
+  local_ = local_widths(cfg_, params_.table());
+  w_ = bind_weights(cfg_, params_, local_);
+  if (llama_) rope_ = make_rope_tables(cfg_, backend_.allocator());
 }
 
 kernels::AttentionShape Transformer::attention_shape(int64_t B, int64_t T) const {
@@ -134,55 +102,8 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
   return c;
 }
 
-void Transformer::to_gemm_input(const Tensor& lp, const Tensor& f32) {
-  if (lowp_) backend_.cast(lp, f32);
-}
-
-void Transformer::norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                               const Tensor& x) {
-  if (llama_)
-    backend_.rmsnorm_forward(out, rstd, x, n.w, cfg_.norm_eps);
-  else
-    backend_.layernorm_forward(out, mean, rstd, x, n.w, n.b, cfg_.norm_eps);
-}
-
-void Transformer::norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                                const Tensor& mean, const Tensor& rstd) {
-  if (llama_)
-    backend_.rmsnorm_backward(dx, n.dw, dout, x, n.w, rstd);
-  else
-    backend_.layernorm_backward(dx, n.dw, n.db, dout, x, n.w, mean, rstd);
-}
-
-void Transformer::block_forward(const Block& blk, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-                                const kernels::AttentionShape& s) {
-  auto& be = backend_;
-  auto& ops = *ops_;
-  // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in)))); qkv column-parallel
-  // (this rank's heads), out_proj row-parallel.
-  norm_forward(blk.norm1, a.n1_out, a.n1_mean, a.n1_rstd, x_in);
-  to_gemm_input(a.n1_lp, a.n1_out);
-  ops.column_forward(a.qkv, a.n1_lp, blk.qkv);
-  if (llama_) be.rope_forward(a.qkv, rope_cos_, rope_sin_, s);
-  be.attention_forward(a.att, a.lse, a.qkv, s);
-  to_gemm_input(a.att_lp, a.att);
-  a.x_mid.copy_from(x_in);
-  ops.row_forward_add(a.x_mid, a.att_lp, blk.out);
-  // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid)))); up column-, down row-parallel.
-  norm_forward(blk.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
-  to_gemm_input(a.n2_lp, a.n2_out);
-  ops.column_forward(a.h_pre, a.n2_lp, blk.up);
-  if (llama_)
-    be.swiglu_forward(a.h_act, a.h_pre);
-  else
-    be.gelu_forward(a.h_act, a.h_pre);
-  to_gemm_input(a.h_act_lp, a.h_act);
-  x_out.copy_from(a.x_mid);
-  ops.row_forward_add(x_out, a.h_act_lp, blk.down);
-}
-
-void Transformer::block_backward(const Block& blk, BlockActivations& a, ActivationContext& c, const Tensor& x_in,
-                                 const kernels::AttentionShape& s) {
+void Transformer::block_backward(const BlockWeights& blk, BlockActivations& a, ActivationContext& c,
+                                 const Tensor& x_in, const kernels::AttentionShape& s) {
   auto& be = backend_;
   auto& ops = *ops_;
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
@@ -193,13 +114,13 @@ void Transformer::block_backward(const Block& blk, BlockActivations& a, Activati
     be.gelu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
   ops.column_backward(&c.d_norm, blk.up, c.d_h_pre, a.n2_lp);
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
-  norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
+  runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
   ops.row_backward(c.d_att, blk.out, c.d_res, a.att_lp);
   be.attention_backward(c.d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
-  if (llama_) be.rope_backward(c.d_qkv, rope_cos_, rope_sin_, s);
+  if (llama_) be.rope_backward(c.d_qkv, rope_.cos, rope_.sin, s);
   ops.column_backward(&c.d_norm, blk.qkv, c.d_qkv, a.n1_lp);
-  norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
+  runner_.norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
   add_partial_grads({&blk.norm2, &blk.norm1}, c);
 }
 
@@ -241,22 +162,22 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
                         std::to_string(cfg_.vocab_size) + "): the data does not match model.vocab_size");
     c.valid_targets += tg[i] >= 0;
   }
-  const auto s = attention_shape(c.B, c.T);
+  WholeSequence attention(backend_, rope_, llama_, attention_shape(c.B, c.T));
   const int64_t L = cfg_.n_layers;
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   h.before_forward(-1);
-  ops_->embedding_forward(c.residual[0], c.tokens, wte_, llama_ ? nullptr : &wpe_);
+  ops_->embedding_forward(c.residual[0], c.tokens, w_.wte, llama_ ? nullptr : &w_.wpe);
   h.after_forward(-1);
   for (int64_t l = 0; l < L; ++l) {
     h.before_forward(l);
-    block_forward(blocks_[l], c.blocks[l], c.residual[l], c.residual[l + 1], s);
+    runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention);
     h.after_forward(l);
   }
   h.before_forward(L);
-  norm_forward(norm_f_, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[L]);
-  to_gemm_input(c.nf_lp, c.nf_out);
-  ops_->column_forward(c.logits, c.nf_lp, head_);
+  runner_.norm_forward(w_.norm_f, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[L]);
+  runner_.to_gemm_input(c.nf_lp, c.nf_out);
+  ops_->column_forward(c.logits, c.nf_lp, w_.head);
   h.after_forward(L);
   ops_->cross_entropy(c.losses, c.logits, c.targets, cfg_.vocab_size, grad_scale);
   double sum = 0;
@@ -272,19 +193,19 @@ void Transformer::backward(ActivationContext& c) {
   LayerHooks& h = hooks_ ? *hooks_ : none;
   h.before_backward(L);
   // LM head: logits hold dlogits after the fused softmax-cross-entropy.
-  ops_->column_backward(&c.d_norm, head_, c.logits, c.nf_lp);
+  ops_->column_backward(&c.d_norm, w_.head, c.logits, c.nf_lp);
   c.d_res.fill_zero();
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
-  norm_backward(partial_grads(norm_f_, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
-  add_partial_grads({&norm_f_}, c);
+  runner_.norm_backward(partial_grads(w_.norm_f, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+  add_partial_grads({&w_.norm_f}, c);
   h.after_backward(L);
   for (int64_t l = L - 1; l >= 0; --l) {
     h.before_backward(l);
-    block_backward(blocks_[l], c.blocks[l], c, c.residual[l], s);
+    block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s);
     h.after_backward(l);
   }
   h.before_backward(-1);
-  ops_->embedding_backward(dwte_, llama_ ? nullptr : &dwpe_, c.d_res, c.tokens);
+  ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
   h.after_backward(-1);
 }
 

@@ -12,16 +12,12 @@
 #include "loom/kernels/backend.h"
 #include "loom/kernels/layer_ops.h"
 #include "loom/model/activations.h"
+#include "loom/model/block.h"
 #include "loom/model/layer_hooks.h"
 #include "loom/model/parameter_store.h"
 #include "loom/spec/transformer_config.h"
 
 namespace loom::model {
-
-using LinearViews = kernels::LinearWeights;
-struct NormViews {
-  Tensor w, dw, b, db;  // b/db empty for RMSNorm
-};
 
 class Transformer {
  public:
@@ -32,9 +28,6 @@ class Transformer {
 
   const spec::TransformerConfig& config() const { return cfg_; }
   // This shard's widths: query heads, KV heads, MLP width and vocabulary rows (padded) per rank.
-  struct LocalWidths {
-    int64_t heads = 0, kv_heads = 0, d_ff = 0, vocab = 0;
-  };
   const LocalWidths& local() const { return local_; }
   // Allocates a context for micro-batches of shape [B, T] (T <= max_seq).
   ActivationContext make_context(int64_t B, int64_t T) const;
@@ -49,25 +42,14 @@ class Transformer {
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
  private:
-  struct Block {
-    NormViews norm1, norm2;
-    LinearViews qkv, out, up, down;
-  };
-  void block_forward(const Block& blk, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-                     const kernels::AttentionShape& s);
-  void block_backward(const Block& blk, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
+  void block_backward(const BlockWeights& w, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
                       const kernels::AttentionShape& s);
-  void norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x);
-  void norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x, const Tensor& mean,
-                     const Tensor& rstd);
   // Under sequence parallelism a norm sees only this rank's rows, so its weight gradient is a partial
   // sum: partial_grads points it at slot `slot` of the context's norm_grads scratch (zeroed by the
   // caller), add_partial_grads sums the scratch over the group and adds it to the norms' gradients.
   // Without SP the first returns `n` itself and the second does nothing.
   NormViews partial_grads(const NormViews& n, ActivationContext& c, int slot) const;
   void add_partial_grads(std::initializer_list<const NormViews*> norms, ActivationContext& c);
-  // In bf16 mode writes the bf16 copy GEMMs read.
-  void to_gemm_input(const Tensor& lp, const Tensor& f32);
   kernels::AttentionShape attention_shape(int64_t B, int64_t T) const;
 
   spec::TransformerConfig cfg_;
@@ -79,11 +61,9 @@ class Transformer {
   kernels::Backend& backend_;
   bool llama_;
   bool lowp_;
-  Tensor wte_, dwte_, wpe_, dwpe_;
-  LinearViews head_;
-  NormViews norm_f_;
-  std::vector<Block> blocks_;
-  Tensor rope_cos_, rope_sin_;  // [max_seq, D/2]
+  ModelWeights w_;
+  RopeTables rope_;  // Llama only
+  BlockRunner runner_;
 };
 
 }  // namespace loom::model

@@ -1,0 +1,127 @@
+#include "loom/model/block.h"
+
+#include "loom/kernels/elementwise.h"
+
+namespace loom::model {
+
+LocalWidths local_widths(const spec::TransformerConfig& cfg, const spec::ParamTable& table) {
+  const int tp = table.shard().tp_size;
+  LocalWidths w;
+  w.heads = cfg.n_heads / tp;
+  w.kv_heads = cfg.n_kv_heads >= tp ? cfg.n_kv_heads / tp : 1;
+  w.d_ff = cfg.d_ff / tp;
+  w.vocab = table.at(cfg.arch == spec::Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0];
+  w.kv_shared_by = cfg.n_kv_heads >= tp ? 1 : tp / static_cast<int>(cfg.n_kv_heads);
+  return w;
+}
+
+ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterStore& P, const LocalWidths& local) {
+  const bool llama = cfg.arch == spec::Arch::Llama;
+  auto linear = [&](const std::string& w, const std::string& b) {
+    LinearViews v{P.compute(w), P.grad(w), {}, {}};
+    if (!b.empty()) v.b = P.param(b), v.db = P.grad(b);
+    return v;
+  };
+  auto fused = [&](const std::string& first, const std::string& last) {
+    return LinearViews{P.compute_rows(first, last), P.grad_rows(first, last), {}, {}};
+  };
+  // Fewer KV heads than tp: this rank's K and V rows are a piece kv_shared_by ranks hold alike.
+  auto with_shared_kv = [&](LinearViews v) {
+    if (local.kv_shared_by > 1) {
+      const int64_t D = cfg.head_dim();
+      v.shared_begin = local.heads * D, v.shared_end = (local.heads + 2 * local.kv_heads) * D;
+      v.shared_by = local.kv_shared_by;
+    }
+    return v;
+  };
+  auto norm = [&](const std::string& prefix) {
+    NormViews n{P.param(prefix + ".weight"), P.grad(prefix + ".weight"), {}, {}};
+    if (!llama) n.b = P.param(prefix + ".bias"), n.db = P.grad(prefix + ".bias");
+    return n;
+  };
+  ModelWeights m;
+  if (llama) {
+    m.wte = P.param("model.embed_tokens.weight"), m.dwte = P.grad("model.embed_tokens.weight");
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      m.blocks.push_back({norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
+                          with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")),
+                          linear(p + "self_attn.o_proj.weight", ""),
+                          fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                          linear(p + "mlp.down_proj.weight", "")});
+    }
+    m.norm_f = norm("model.norm");
+    m.head = cfg.tie_embeddings ? linear("model.embed_tokens.weight", "") : linear("lm_head.weight", "");
+  } else {
+    m.wte = P.param("transformer.wte.weight"), m.dwte = P.grad("transformer.wte.weight");
+    m.wpe = P.param("transformer.wpe.weight"), m.dwpe = P.grad("transformer.wpe.weight");
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      m.blocks.push_back({norm(p + "ln_1"), norm(p + "ln_2"), linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias"),
+                          linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias"),
+                          linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"),
+                          linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")});
+    }
+    m.norm_f = norm("transformer.ln_f");
+    m.head = cfg.tie_embeddings ? linear("transformer.wte.weight", "") : linear("lm_head.weight", "");
+  }
+  return m;
+}
+
+RopeTables make_rope_tables(const spec::TransformerConfig& cfg, Allocator& alloc) {
+  const int64_t D = cfg.head_dim();
+  RopeTables r{Tensor::empty({cfg.max_seq, D / 2}, DType::F32, alloc, MemCategory::Activations),
+               Tensor::empty({cfg.max_seq, D / 2}, DType::F32, alloc, MemCategory::Activations)};
+  kernels::rope_tables(r.cos.data<float>(), r.sin.data<float>(), cfg.max_seq, D, cfg.rope_theta);
+  return r;
+}
+
+BlockRunner::BlockRunner(const spec::TransformerConfig& cfg, kernels::Backend& backend, kernels::LayerOps& ops,
+                         bool lowp)
+    : cfg_(cfg), be_(backend), ops_(ops), llama_(cfg.arch == spec::Arch::Llama), lowp_(lowp) {}
+
+void BlockRunner::to_gemm_input(const Tensor& lp, const Tensor& f32) {
+  if (lowp_) be_.cast(lp, f32);
+}
+
+void BlockRunner::norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& x) {
+  if (llama_)
+    be_.rmsnorm_forward(out, rstd, x, n.w, cfg_.norm_eps);
+  else
+    be_.layernorm_forward(out, mean, rstd, x, n.w, n.b, cfg_.norm_eps);
+}
+
+void BlockRunner::norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                                const Tensor& mean, const Tensor& rstd) {
+  if (llama_)
+    be_.rmsnorm_backward(dx, n.dw, dout, x, n.w, rstd);
+  else
+    be_.layernorm_backward(dx, n.dw, n.db, dout, x, n.w, mean, rstd);
+}
+
+void BlockRunner::forward(const BlockWeights& w, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
+                          AttentionStep& attention) {
+  // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in)))); qkv column-parallel
+  // (this rank's heads), out_proj row-parallel.
+  norm_forward(w.norm1, a.n1_out, a.n1_mean, a.n1_rstd, x_in);
+  to_gemm_input(a.n1_lp, a.n1_out);
+  ops_.column_forward(a.qkv, a.n1_lp, w.qkv);
+  attention.forward(a.att, a.lse, a.qkv);
+  to_gemm_input(a.att_lp, a.att);
+  a.x_mid.copy_from(x_in);
+  ops_.row_forward_add(a.x_mid, a.att_lp, w.out);
+  // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid)))); up column-, down row-parallel.
+  norm_forward(w.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
+  to_gemm_input(a.n2_lp, a.n2_out);
+  ops_.column_forward(a.h_pre, a.n2_lp, w.up);
+  if (llama_)
+    be_.swiglu_forward(a.h_act, a.h_pre);
+  else
+    be_.gelu_forward(a.h_act, a.h_pre);
+  to_gemm_input(a.h_act_lp, a.h_act);
+  x_out.copy_from(a.x_mid);
+  ops_.row_forward_add(x_out, a.h_act_lp, w.down);
+}
+
+}  // namespace loom::model
