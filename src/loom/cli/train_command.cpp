@@ -117,6 +117,11 @@ int run_train(const TrainOptions& o) {
     for (const auto& [cat, bytes] : sum.peak_bytes_by_category) j["peak_bytes_by_category"][cat] = bytes;
     for (const auto& [cat, bytes] : sum.live_bytes_by_category) j["live_bytes_by_category"][cat] = bytes;
     if (sum.on_demand_resident_bytes) j["on_demand_resident_bytes"] = *sum.on_demand_resident_bytes;
+    if (const auto& t = sum.step_split)
+      j["step_split_ms"] = {{"wall", 1e3 * t->wall},           {"gemm", 1e3 * t->gemm},
+                            {"other_kernels", 1e3 * t->kernels}, {"comm_exposed", 1e3 * t->comm_exposed},
+                            {"comm_in_flight", 1e3 * t->comm_in_flight}, {"comm_hidden", 1e3 * t->comm_hidden},
+                            {"host", 1e3 * t->host}};
     fmt::print("{}\n", j.dump());
   }
   return sum.exit_status();

@@ -60,6 +60,12 @@ std::string memory_table(const Allocator& alloc, comm::ProcessGroup& world) {
   return table;
 }
 
+// Steps whose spans the tracer holds at the end: those after the warm-up reset (all when the run resumed
+// past it).
+int64_t sum_steps_after(int64_t warmup, int64_t last_step, int64_t start_step) {
+  return last_step - std::max(warmup, start_step);
+}
+
 }  // namespace
 
 SessionSummary Session::run() {
@@ -210,6 +216,15 @@ SessionSummary Session::run() {
   for (auto& [name, st] : tracer.stats()) {
     if (name == "step" || name == "eval") wall += st.seconds;
     if (st.category == profile::Category::Gemm || st.category == profile::Category::Kernel) declared += st.flops;
+  }
+  if (tracer.on() && wall > 0) {
+    const auto b = profile::breakdown(tracer, wall);
+    // The stats were reset after the warm-up steps: what is left covers the steps after them.
+    const double n = static_cast<double>(std::max<int64_t>(1, sum_steps_after(warmup, sum.last_step, trainer.start_step())));
+    sum.step_split = SessionSummary::StepSplit{wall / n, b.gemm_seconds / n, b.kernel_seconds / n, b.comm_seconds / n,
+                                               b.in_flight_seconds / n,
+                                               std::max(0.0, b.in_flight_seconds - b.async_wait_seconds) / n,
+                                               b.host_seconds / n};
   }
   sum.tokens_per_s = median(tps);
   sum.mfu = median(mfus);

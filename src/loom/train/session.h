@@ -50,6 +50,13 @@ struct SessionSummary {
   uint64_t peak_bytes = 0;
   std::map<std::string, uint64_t> peak_bytes_by_category, live_bytes_by_category;
   std::optional<uint64_t> on_demand_resident_bytes;  // ZeRO: pages actually resident
+  // Rank 0's traced time per step after the first steps (trace.summary on): wall, GEMMs, other kernels,
+  // communication waited for (exposed), asynchronous collectives in flight and the part of that hidden
+  // under compute, and the untraced rest (host). Seconds; empty when tracing was off.
+  struct StepSplit {
+    double wall = 0, gemm = 0, kernels = 0, comm_exposed = 0, comm_in_flight = 0, comm_hidden = 0, host = 0;
+  };
+  std::optional<StepSplit> step_split;
 
   // 0 finished; 128 + signal when preempted (143 for SIGTERM): torchrun-style agents read it as
   // "stopped, resumable".
