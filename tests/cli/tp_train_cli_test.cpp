@@ -140,6 +140,29 @@ TEST(TensorParallelCli, ACheckpointSavedAtTp2ResumesAtAnyTpAndExports) {
   fs::remove_all(whole), fs::remove_all(half);
 }
 
+// Issue 12 items 3 and 8: at tp=2 each rank holds half the parameters and optimizer state, and sequence
+// parallelism cuts the residual stream's activations by tp (the allocator's categories, measured).
+TEST(TensorParallelCli, ShardsHalveTheStateAndSequenceParallelismTheResidualActivations) {
+  auto peaks = [](int tp, bool sp) {
+    auto dir = scratch_dir("tp-mem");
+    auto r = run_loom("run -n " + std::to_string(tp) + " -- loom train " + kTiny + "--quiet --json --set train.steps=2 "
+                      "--set checkpoint.save_every=0 --set train.batch_size=4 --set parallel.tp=" + std::to_string(tp) +
+                      " --set parallel.sequence_parallel=" + (sp ? "true" : "false") +
+                      " --set train.out_dir=" + (dir / "out").string());
+    EXPECT_EQ(r.rc, 0) << r.err;
+    fs::remove_all(dir);
+    return nlohmann::json::parse(r.out)["peak_bytes_by_category"];
+  };
+  const auto one = peaks(1, false), tp2 = peaks(2, false), sp2 = peaks(2, true);
+  const double state1 = one["parameters"].get<double>() + one["optimizer"].get<double>();
+  const double state2 = tp2["parameters"].get<double>() + tp2["optimizer"].get<double>();
+  EXPECT_LE(state2, 0.55 * state1);
+  // tiny: 2 layers, C = 64, micro-batch 4 x 64 tokens: the residual stream alone is (L + 1) x N x C floats,
+  // of which SP keeps half on each rank.
+  const double residual = 3.0 * 4 * 64 * 64 * 4;
+  EXPECT_LT(sp2["activations"].get<double>(), tp2["activations"].get<double>() - 0.5 * residual);
+}
+
 // A vocabulary tp does not divide is padded and masked: the loss is the unpadded model's.
 TEST(TensorParallelCli, AVocabularyTpDoesNotDivideTrainsLikeTheWholeModel) {
   auto r = run_loom("verify " + kTiny + "--steps 6 --set model.vocab_size=509 --layouts \"dp=1;tp=2;tp=4\"");

@@ -67,6 +67,22 @@ TEST(ShardPlan, UnitsFollowTheModelsBlocks) {
   EXPECT_EQ(plan.largest_unit(), std::max(plan.unit(0).size(), plan.unit(1).size()));
 }
 
+// ZeRO's plan comes from the placements: a table whose tensors are Shard(flat) along dp, at any tp shard.
+TEST(ShardPlan, ZeroPlanDerivesFromFlatDpPlacements) {
+  TransformerConfig cfg = preset("tiny-llama");
+  for (int tp : {1, 2}) {
+    auto table = build_param_table(cfg, TableShard{tp - 1, tp});
+    EXPECT_THROW(zero_shard_plan(table, cfg.n_layers, 2), ConfigError) << "replicated along dp: not ZeRO";
+    table.shard_flat_along(MeshAxis::DP);
+    EXPECT_EQ(table.at("model.norm.weight").placement.str(), "dp:Shard(flat)");
+    if (tp > 1) EXPECT_EQ(table.at("model.layers.0.mlp.down_proj.weight").placement.str(), "dp:Shard(flat),tp:Shard(1)");
+    const auto plan = zero_shard_plan(table, cfg.n_layers, 2);
+    const ShardPlan by_hand(unit_bounds_from_blocks(table.block_starts(cfg.n_layers), table.total_numel()), 2);
+    ASSERT_EQ(plan.units(), by_hand.units());
+    for (size_t u = 0; u < plan.units(); ++u) EXPECT_EQ(plan.piece(u, 1), by_hand.piece(u, 1));
+  }
+}
+
 TEST(ShardPlan, RefusesNoRanksAndUnorderedBounds) {
   EXPECT_THROW(ShardPlan({0, 10}, 0), ConfigError);
   EXPECT_THROW(ShardPlan({0, 10, 5}, 2), Error);

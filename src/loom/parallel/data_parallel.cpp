@@ -74,14 +74,20 @@ class Ddp final : public DataParallel {
   double wait_ = 0;
 };
 
+spec::ParamTable flat_along_dp(spec::ParamTable t) {
+  t.shard_flat_along(spec::MeshAxis::DP);
+  return t;
+}
+
 // ZeRO 1-3 over the dp group: the optimizer state (1), the gradients (2) and the weights (3) are
-// sharded unit by unit (spec::ShardPlan); ZeroEngine moves the pieces.
+// sharded unit by unit (every tensor Shard(flat) along dp; spec::zero_shard_plan); ZeroEngine moves
+// the pieces.
 class Zero final : public DataParallel {
  public:
   Zero(comm::ProcessGroup& dp, const DataParallelSetup& s, Allocator& alloc, profile::Tracer* tracer)
-      : DataParallel(s.table->total_numel()), dp_(dp), table_(*s.table), L_(s.n_layers), stage_(s.zero_stage),
-        bf16_(s.bf16), release_(s.release), alloc_(alloc), tracer_(tracer),
-        plan_(spec::unit_bounds_from_blocks(s.table->block_starts(s.n_layers), s.table->total_numel()), dp.size()) {}
+      : DataParallel(s.table->total_numel()), dp_(dp), table_(flat_along_dp(*s.table)), L_(s.n_layers),
+        stage_(s.zero_stage), bf16_(s.bf16), release_(s.release), alloc_(alloc), tracer_(tracer),
+        plan_(spec::zero_shard_plan(table_, s.n_layers, dp.size())) {}
 
   int size() const override { return dp_.size(); }
   int rank() const override { return dp_.rank(); }

@@ -22,8 +22,9 @@ struct Unit {
   int64_t owned() const { return rank0.size(); }
 };
 
-std::vector<Unit> units_of(const spec::ParamTable& table, int64_t n_layers, int dp) {
-  const spec::ShardPlan plan(spec::unit_bounds_from_blocks(table.block_starts(n_layers), table.total_numel()), dp);
+std::vector<Unit> units_of(spec::ParamTable table, int64_t n_layers, int dp) {
+  table.shard_flat_along(spec::MeshAxis::DP);  // as the engine's ZeRO strategy does
+  const spec::ShardPlan plan = spec::zero_shard_plan(table, n_layers, dp);
   auto f32_in = [&](const ArenaRange& r) {
     int64_t n = 0;
     for (const auto& p : table.params())

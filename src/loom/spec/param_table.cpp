@@ -247,6 +247,10 @@ ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard) {
   return t;
 }
 
+void ParamTable::shard_flat_along(MeshAxis axis) {
+  for (auto& p : params_) p.placement = p.placement.with(axis, AxisPlacement::flat());
+}
+
 std::vector<ArenaRange> counted_ranges(const ParamTable& table) {
   const TableShard& sh = table.shard();
   std::vector<ArenaRange> out;

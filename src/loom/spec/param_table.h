@@ -72,6 +72,9 @@ class ParamTable {
 
   // `p.shape` is the whole tensor's shape; the table cuts this shard's out of it by p.placement.
   void add(ParamSpec p);
+  // Marks every tensor Shard(flat) along `axis` (ZeRO / FSDP along dp): shapes and offsets stay this
+  // shard's, the pieces are spec::ShardPlan's.
+  void shard_flat_along(MeshAxis axis);
 
  private:
   TableShard shard_;

@@ -15,6 +15,7 @@ const char* axis_name(MeshAxis a) {
 
 std::string AxisPlacement::str() const {
   if (kind == Kind::Replicate) return "Replicate";
+  if (dim < 0) return "Shard(flat)";
   std::string s = "Shard(" + std::to_string(dim);
   if (blocks > 1) s += ", " + std::to_string(blocks) + " blocks";
   if (pieces > 0) s += ", " + std::to_string(pieces) + " pieces";

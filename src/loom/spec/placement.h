@@ -20,6 +20,9 @@ const char* axis_name(MeshAxis a);  // "pp", "dp", ...
 //   pieces than ranks replicate each piece over size / pieces ranks (grouped-query KV heads at tp > kv).
 //   A dimension that the pieces do not divide is padded to the next multiple (a vocabulary at any tp):
 //   the padding has no global element.
+//   Shard(flat) (dim -1): the tensor is part of a flattened unit of the arena (the embeddings, one block,
+//   the final norm + head) that the axis cuts into equal pieces regardless of tensor boundaries: ZeRO's
+//   and FSDP's flat parameters along dp. spec::ShardPlan says which piece of each unit a rank owns.
 struct AxisPlacement {
   enum class Kind : uint8_t { Replicate, Shard };
   Kind kind = Kind::Replicate;
@@ -29,9 +32,11 @@ struct AxisPlacement {
 
   static AxisPlacement replicate() { return {}; }
   static AxisPlacement shard(int dim, int blocks = 1, int pieces = 0) { return {Kind::Shard, dim, blocks, pieces}; }
+  static AxisPlacement flat() { return {Kind::Shard, -1, 1, 0}; }
   bool is_shard() const { return kind == Kind::Shard; }
+  bool is_flat() const { return kind == Kind::Shard && dim < 0; }
   bool operator==(const AxisPlacement&) const = default;
-  std::string str() const;  // "Replicate", "Shard(0)", "Shard(0, 3 blocks)", "Shard(0, 2 pieces)"
+  std::string str() const;  // "Replicate", "Shard(0)", "Shard(0, 3 blocks)", "Shard(0, 2 pieces)", "Shard(flat)"
 };
 
 struct Placement {

@@ -48,6 +48,14 @@ int64_t ShardPlan::largest_unit() const {
   return m;
 }
 
+ShardPlan zero_shard_plan(const ParamTable& table, int64_t n_layers, int dp) {
+  for (const auto& p : table.params())
+    if (!p.placement.on(MeshAxis::DP).is_flat())
+      throw ConfigError("'" + p.name + "' is placed " + p.placement.str() +
+                        ": a ZeRO shard plan needs every tensor Shard(flat) along dp");
+  return ShardPlan(unit_bounds_from_blocks(table.block_starts(n_layers), table.total_numel()), dp);
+}
+
 std::vector<int64_t> unit_bounds_from_blocks(const std::vector<int64_t>& block_starts, int64_t total) {
   std::vector<int64_t> b{0};
   for (int64_t s : block_starts) b.push_back(std::clamp(s, b.back(), total));

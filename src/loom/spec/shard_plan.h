@@ -43,6 +43,10 @@ class ShardPlan {
   int dp_;
 };
 
+// ZeRO's plan, derived from the table's placements: every tensor must be Shard(flat) along dp
+// (ParamTable::shard_flat_along), else ConfigError names the first that is not. Units as below.
+ShardPlan zero_shard_plan(const ParamTable& table, int64_t n_layers, int dp);
+
 // Units from the block boundaries of a parameter table (spec::ParamTable::block_starts for n_layers):
 // [0, starts[0]) embeddings, [starts[l], starts[l+1]) block l, [starts[n_layers], total) final norm
 // and head. A unit a model lacks is empty.
