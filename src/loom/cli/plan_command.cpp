@@ -136,8 +136,6 @@ int run_plan(const PlanOptions& o) {
   job.software.loom_engine = o.engine == "loom";
   job.software.moe_imbalance = o.moe_imbalance;
   job.software.tp_overlap = o.tp_overlap;
-  if (o.tp_overlap && job.software.loom_engine)
-    throw ConfigError("--tp-overlap models Megatron-Core's TP communication overlap; Loom's engine has no tensor parallelism yet");
   if (job.software.loom_engine && o.precision != "bf16")
     throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
   plan::Fixed fixed;

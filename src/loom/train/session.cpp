@@ -116,8 +116,12 @@ SessionSummary Session::run() {
   sum.peak_flops = peak.flops_per_s;
   say(fmt::format("device peak {} GEMM {:.1f} GFLOP/s ({})", dtype_name(peak_type), peak.flops_per_s * 1e-9, peak.source));
   if (world)
-    say(fmt::format("job: {} ranks ({}) on {} node(s), {} transport, mesh {}", world->size(),
-                    comm::launcher_name(job.launcher), world->nodes(), world->group().transport_name(), shape.str()));
+    say(fmt::format("job: {} ranks ({}) on {} node(s), {} transport, mesh {}{}", world->size(),
+                    comm::launcher_name(job.launcher), world->nodes(), world->group().transport_name(), shape.str(),
+                    shape.tp > 1 ? fmt::format(" | tensor parallel: sequence parallel {}, overlap {}",
+                                               cfg.parallel.sequence_parallel ? "on" : "off",
+                                               cfg.parallel.tp_overlap ? "on" : "off")
+                                 : std::string()));
 
   const bool resuming = o.resume || !o.resume_from.empty();
   std::optional<MetricsLog> log;
@@ -241,8 +245,8 @@ SessionSummary Session::run() {
                   sum.val_loss ? fmt::format(" | val {:.4f}", *sum.val_loss) : "", sum.tokens_per_s, 100 * sum.mfu,
                   100 * sum.hfu, sum.peak_bytes / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
   if (world && !step_s.empty())
-    say(fmt::format("data-parallel communication per step (median): exposed {:.1f} ms ({:.1f}% of the step), "
-                    "communication CPU {:.1f} ms",
+    say(fmt::format("communication per step (median, data- and tensor-parallel): exposed {:.1f} ms ({:.1f}% of the "
+                    "step), communication CPU {:.1f} ms",
                     1e3 * median(exposed), 100 * median(exposed) / median(step_s), 1e3 * median(comm_cpu)));
   if (world) {
     const std::string t = memory_table(alloc, world->group());  // collective: every rank takes part
