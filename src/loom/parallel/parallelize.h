@@ -1,12 +1,14 @@
 // The one step that turns a device mesh into what a run needs, for every axis: the groups each part
-// of the engine talks over, this rank's shard of the parameter table, and the model's layer ops
-// (tensor-parallel where tp > 1). Pipeline, context and expert parallelism add their pieces here.
+// of the engine talks over, this rank's shard of the parameter table, the model's layer ops
+// (tensor-parallel where tp > 1), and the data-parallel strategy (alone, DDP or ZeRO, over the dp group)
+// for the arenas of that shard. Pipeline, context and expert parallelism add their pieces here.
 #pragma once
 
 #include <memory>
 
 #include "loom/comm/process_group.h"
 #include "loom/kernels/layer_ops.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/tensor_parallel_ops.h"
 #include "loom/spec/param_table.h"
@@ -21,6 +23,12 @@ struct Parallelism {
   int world = 1;                     // ranks in the job (the peak MFU is measured against)
   int dp_size() const { return dp ? dp->size() : 1; }
   int dp_rank() const { return dp ? dp->rank() : 0; }
+  // The data-parallel strategy over this rank's dp group, for the arenas `setup.table` lays out (built
+  // once per trainer, before its parameter store: the strategy says how the arenas must be backed).
+  std::unique_ptr<DataParallel> data_parallel(const DataParallelSetup& setup, Allocator& alloc,
+                                              profile::Tracer* tracer) const {
+    return make_data_parallel(dp, setup, alloc, tracer);
+  }
   // Seconds this rank waited on tensor-parallel collectives so far (exposed), and seconds they were in
   // flight (0 without tp).
   double tp_wait_seconds() const;

@@ -1,6 +1,7 @@
 #include "loom/parallel/tensor_parallel_ops.h"
 
 #include <cstring>
+#include <vector>
 
 #include "loom/error.h"
 
@@ -76,8 +77,35 @@ void TensorParallelOps::sum_shared_rows(const Tensor& grad, int64_t begin, int64
 
 void TensorParallelOps::column_forward(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) {
   if (!options_.sequence_parallel) return LayerOps::column_forward(y, x, l);
-  const Tensor whole = gather_rows(x, kGatherX, "tp_all_gather_x", "tp_all_gather_x.wait");
-  LayerOps::column_forward(y, whole, l);
+  const int64_t rows = x.dim(0), cols = x.numel() / rows;
+  // With overlap the gather goes in chunks of this rank's rows, all issued at once; the GEMM of each
+  // chunk's rows (from every rank) runs as soon as that chunk has landed, while the next is in flight.
+  const int64_t chunks = options_.overlap && rows >= 2 * kMinChunkRows ? 2 : 1;
+  if (chunks == 1) {
+    const Tensor whole = gather_rows(x, kGatherX, "tp_all_gather_x", "tp_all_gather_x.wait");
+    return LayerOps::column_forward(y, whole, l);
+  }
+  // Chunk j covers this rank's rows [begin_j, end_j); gathered, it holds every rank's rows of it, rank
+  // by rank, at gathered rows [size * begin_j, size * end_j).
+  Tensor whole = scratch(kGatherX, {rows * size_, cols}, x.dtype());
+  auto bound = [&](int64_t j) { return rows * j / chunks; };
+  std::vector<Pending> pending;
+  for (int64_t j = 0; j < chunks; ++j) {
+    const Tensor part = x.slice(bound(j), bound(j + 1));
+    const Tensor into = whole.slice(size_ * bound(j), size_ * bound(j + 1));
+    pending.push_back(issue(tp_.all_gather(part.raw(), into.raw(), static_cast<size_t>(part.numel()), x.dtype()),
+                            "tp_all_gather_x_chunk", "tp_all_gather_x_chunk.wait", static_cast<double>(into.nbytes())));
+  }
+  const Tensor* bias = l.has_bias() ? &l.b : nullptr;
+  for (int64_t j = 0; j < chunks; ++j) {
+    wait(pending[static_cast<size_t>(j)]);
+    const int64_t n = bound(j + 1) - bound(j);
+    for (int r = 0; r < size_; ++r) {
+      // Rank r's rows of chunk j are its rows [begin_j, end_j), i.e. rows r * rows + begin_j ... of y.
+      const Tensor in = whole.slice(size_ * bound(j) + r * n, size_ * bound(j) + (r + 1) * n);
+      be_.linear_forward(y.slice(r * rows + bound(j), r * rows + bound(j + 1)), in, l.w, bias, false);
+    }
+  }
 }
 
 void TensorParallelOps::column_backward(const Tensor* dx, const kernels::LinearWeights& l, const Tensor& dy,

@@ -12,7 +12,8 @@
 //                           logits are never gathered.
 // KV rows that several ranks share (kv_heads < tp) get their weight gradient summed over those ranks.
 // With overlap on, the input-gradient collective of a column-parallel backward (and under SP the
-// re-gather of its input) runs while a GEMM that does not need it does. Every collective returns the
+// re-gather of its input) runs while a GEMM that does not need it does, and under SP the forward's input
+// gather goes in two chunks, the GEMM of the first chunk's rows running while the second is in flight. Every collective returns the
 // same bits on every rank, so replicated state stays bitwise equal.
 #pragma once
 
@@ -53,6 +54,9 @@ class TensorParallelOps : public kernels::LayerOps {
   double in_flight_seconds() const { return in_flight_seconds_; }
 
  private:
+  // Below this many rows per chunk the SP input gather of a column-parallel forward is not chunked (a
+  // GEMM that small runs below its rate).
+  static constexpr int64_t kMinChunkRows = 128;
   enum Slot {
     kPartial, kGatherX, kGatherDy, kDxWhole, kRowsOut, kTokens, kRowStats, kGathered, kShared, kSharedBias,
     kSharedGathered, kSlots

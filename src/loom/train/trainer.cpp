@@ -48,7 +48,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
                                           static_cast<size_t>(cfg_.parallel.bucket_kb) << 10,
                                           cfg_.parallel.zero_release == "eager" ? PageReservation::Release::Eager
                                                                                 : PageReservation::Release::Lazy};
-  data_parallel_ = parallel::make_data_parallel(dp_, setup, alloc, backend_.tracer());
+  data_parallel_ = par_.data_parallel(setup, alloc, backend_.tracer());
   parallel::ArenaNeeds needs = data_parallel_->arena_needs();
   registered_grads_ = std::move(needs.grads_memory);
   model::ArenaBacking backing{needs.master_on_demand, needs.lowp_on_demand, needs.grads_on_demand,
