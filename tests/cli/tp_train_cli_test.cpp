@@ -170,6 +170,17 @@ TEST(TensorParallelCli, AVocabularyTpDoesNotDivideTrainsLikeTheWholeModel) {
   EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
 }
 
+// A micro-batch of 8 x 64 rows puts 256 rows on each of 2 ranks: enough for the SP forward to gather its
+// inputs in two chunks under the GEMMs (the verify cases above use micro-batches too small for it).
+TEST(TensorParallelCli, TheChunkedSequenceParallelGatherTrainsLikeOneRank) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto r = run_loom("verify " + kTiny + "--steps 4 --set train.batch_size=8 --set model.preset=tiny-llama "
+                      "--set precision=" + precision + " --layouts \"dp=1;tp=2,sp=1;tp=2,sp=1,overlap=0\"");
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
+  }
+}
+
 TEST(TensorParallelCli, ReplicasAreComparedWithinEachTpShard) {
   auto ok = run_loom("run -n 4 -- loom train " + kTiny + "--quiet --set train.steps=3 --set parallel.dp=2 "
                      "--set parallel.tp=2 --check-replicas 1 --set checkpoint.save_every=0");
