@@ -1,0 +1,77 @@
+// Cutting the blocks into pipeline chunks: balanced by declared cost by default (the head's cost
+// weighs on the last chunk), explicit uneven splits as real runs use, one-line refusals otherwise.
+#include "loom/spec/pipeline_stages.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "loom/error.h"
+
+namespace loom::spec {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PipelineStages, DefaultSplitCoversEveryBlockAndBalancesTheCost) {
+  for (const char* name : {"tiny", "mini", "gpt2-124m", "llama-mini"})
+    for (int pp : {1, 2, 3, 4})
+      for (int v : {1, 2}) {
+        const auto cfg = preset(name);
+        if (cfg.n_layers < pp * v) continue;
+        const auto s = cut_pipeline(cfg, cfg.max_seq, pp, v);
+        ASSERT_EQ(static_cast<int>(s.layers.size()), pp * v) << name;
+        EXPECT_EQ(std::accumulate(s.layers.begin(), s.layers.end(), int64_t{0}), cfg.n_layers) << name;
+        for (int64_t n : s.layers) EXPECT_GE(n, 1) << name << " " << s.str();
+        // No chunk could give a block to another without the largest cost growing.
+        const double b = block_cost(cfg, cfg.max_seq), h = head_cost(cfg);
+        double worst = 0;
+        for (size_t k = 0; k < s.layers.size(); ++k)
+          worst = std::max(worst, b * static_cast<double>(s.layers[k]) + (k + 1 == s.layers.size() ? h : 0));
+        const double ideal = (b * static_cast<double>(cfg.n_layers) + h) / (pp * v);
+        EXPECT_LE(worst, std::max(ideal + b, h + b)) << name << " pp=" << pp << " v=" << v << " " << s.str();
+      }
+}
+
+TEST(PipelineStages, AHeavyHeadTakesBlocksOffTheLastStage) {
+  auto cfg = preset("tiny");  // 2 blocks of C = 64: a 32k vocabulary's head outweighs a block
+  cfg.n_layers = 8;
+  cfg.vocab_size = 32768;
+  const auto s = cut_pipeline(cfg, 64, 4, 1);
+  EXPECT_LT(s.layers.back(), s.layers.front()) << s.str();
+  EXPECT_EQ(s.first_layer(2), s.layers[0] + s.layers[1]);
+  EXPECT_EQ(s.rank_of(5 % 4), 1);
+}
+
+TEST(PipelineStages, ExplicitUnevenSplitsAreKept) {
+  auto cfg = preset("tiny");
+  cfg.n_layers = 126;
+  std::vector<int64_t> split(16, 8);
+  split.front() = split.back() = 7;  // 7 + 14 x 8 + 7 = 126
+  const auto s = cut_pipeline(cfg, 64, 16, 1, split);
+  EXPECT_EQ(s.layers, split);
+  EXPECT_EQ(s.first_layer(15), 119);
+  EXPECT_EQ(parse_layer_counts("7,8,8,7", "k"), (std::vector<int64_t>{7, 8, 8, 7}));
+}
+
+TEST(PipelineStages, SplitsThatCannotWorkAreRefusedWithOneThatDoes) {
+  const auto cfg = preset("tiny");  // 2 blocks
+  auto error = [&](int pp, int v, std::vector<int64_t> layers) {
+    try {
+      cut_pipeline(cfg, 64, pp, v, layers);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_THAT(error(2, 2, {}), HasSubstr("model.n_layers = 2 cannot give pp x virtual_stages = 2 x 2 = 4 chunks"));
+  EXPECT_THAT(error(2, 1, {1}), HasSubstr("lists 1 block counts, but pp x virtual_stages = 2 chunks need one each (e.g. \"1,1\")"));
+  EXPECT_THAT(error(2, 1, {1, 2}), HasSubstr("sums to 3 blocks, but model.n_layers = 2"));
+  EXPECT_THAT(error(2, 1, {3, -1}), HasSubstr("negative"));
+  EXPECT_THROW(parse_layer_counts("7,,8", "parallel.pipeline.layers"), ConfigError);
+  EXPECT_THROW(parse_layer_counts("seven", "parallel.pipeline.layers"), ConfigError);
+}
+
+}  // namespace
+}  // namespace loom::spec
