@@ -256,6 +256,30 @@ void run_matrix(ProcessGroup& pg, std::vector<uint64_t>& hashes, int& checks) {
       for (size_t i = 0; i < count; ++i) c.expect(i, in[i], value(DType::F32, 999, (r + n - 1) % n, i)), ++checks;
     }
   }
+  // grouped send/recv: every rank sends to both neighbours and receives from both, all ranks listing the
+  // ops in the same order; with plain send/recv in issue order a message larger than the channel would
+  // deadlock here. Two messages to one peer (n = 2: both neighbours are the same rank) keep list order.
+  if (n > 1) {
+    for (size_t count : {size_t{0}, size_t{5}, size_t{1} << 20}) {
+      const int right = (r + 1) % n, left = (r + n - 1) % n;
+      std::vector<float> to_right(count), to_left(count), from_left(count), from_right(count);
+      for (size_t i = 0; i < count; ++i) {
+        to_right[i] = static_cast<float>(value(DType::F32, 501, r, i));
+        to_left[i] = static_cast<float>(value(DType::F32, 502, r, i));
+      }
+      using PeerOp = ProcessGroup::PeerOp;
+      const PeerOp ops[] = {{true, to_right.data(), count, DType::F32, right, 7000 + count},
+                            {true, to_left.data(), count, DType::F32, left, 8000 + count},
+                            {false, from_left.data(), count, DType::F32, left, 7000 + count},
+                            {false, from_right.data(), count, DType::F32, right, 8000 + count}};
+      pg.send_recv_many(ops).wait();
+      Checker c{fmt::format("send_recv_many {} elements", count), DType::F32, 1};
+      for (size_t i = 0; i < count; ++i) {
+        c.expect(i, from_left[i], value(DType::F32, 501, left, i)), ++checks;
+        c.expect(i, from_right[i], value(DType::F32, 502, right, i)), ++checks;
+      }
+    }
+  }
   pg.barrier().wait();
 }
 

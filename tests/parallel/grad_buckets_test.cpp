@@ -28,7 +28,9 @@ TEST(GradBuckets, CoverTheArenaFromTheEndInWholeParametersOfAtLeastTheTargetSize
   for (size_t i = 0; i < b.buckets(); ++i) {
     const int64_t lo = b.bucket_begin(i);
     EXPECT_TRUE(starts.contains(lo)) << "bucket " << i << " does not start at a parameter";
-    if (lo > 0) EXPECT_GE((hi - lo) * 4, static_cast<int64_t>(target)) << "bucket " << i;
+    if (lo > 0) {
+      EXPECT_GE((hi - lo) * 4, static_cast<int64_t>(target)) << "bucket " << i;
+    }
     EXPECT_LT(lo, hi);
     hi = lo;
   }

@@ -18,6 +18,7 @@ const char* op_name(OpKind kind) {
     case OpKind::kAllToAllV: return "all_to_all_v";
     case OpKind::kSend: return "send";
     case OpKind::kRecv: return "recv";
+    case OpKind::kSendRecvMany: return "send_recv_many";
     case OpKind::kBarrier: return "barrier";
   }
   return "?";

@@ -22,6 +22,7 @@ enum class OpKind : uint8_t {
   kAllToAllV,
   kSend,
   kRecv,
+  kSendRecvMany,
   kBarrier,
 };
 const char* op_name(OpKind kind);

@@ -184,6 +184,27 @@ void MpiTransport::recv(int peer, uint64_t tag, std::span<std::byte> data) {
   wait(&req, 1, "a message from the peer", peer);
 }
 
+void MpiTransport::send_recv_many(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
+  // MPI orders messages between two ranks with the same tag, and all of them progress at once.
+  std::vector<MPI_Request> reqs;
+  for (const auto& m : recvs) {
+    if (m.data.size() > static_cast<size_t>(INT32_MAX)) throw CommError("MPI receive of more than 2 GiB in one message");
+    reqs.emplace_back();
+    check(MPI_Irecv(m.data.data(), static_cast<int>(m.data.size()), MPI_BYTE, m.peer, user_tag(m.tag), comm_, &reqs.back()),
+          "MPI_Irecv");
+  }
+  for (const auto& m : sends) {
+    if (m.data.size() > static_cast<size_t>(INT32_MAX)) throw CommError("MPI send of more than 2 GiB in one message");
+    reqs.emplace_back();
+    check(MPI_Isend(m.data.data(), static_cast<int>(m.data.size()), MPI_BYTE, m.peer, user_tag(m.tag), comm_, &reqs.back()),
+          "MPI_Isend");
+    bytes_sent_ += m.data.size();
+  }
+  if (!reqs.empty())
+    wait(reqs.data(), static_cast<int>(reqs.size()), "the peers of a grouped send/recv",
+         !recvs.empty() ? recvs.front().peer : sends.front().peer);
+}
+
 void MpiTransport::send_recv(int to, std::span<const std::byte> out, int from, std::span<std::byte> in) {
   // Large messages go in 64 MiB pieces: MPI counts are ints.
   constexpr size_t kPiece = size_t{64} << 20;

@@ -61,6 +61,7 @@ struct ProcessGroup::Op {
   OpDesc desc;
   CollArgs args;
   std::vector<size_t> counts, recv_counts;  // owned copies for the v-ops
+  std::vector<PeerOp> peer_ops;            // send_recv_many's list
   int peer = -1;
   uint64_t tag = 0;
   size_t bytes = 0;  // payload, for the inline decision and statistics
@@ -77,7 +78,7 @@ double thread_cpu_seconds(std::thread& t) {
   if (!t.joinable() || pthread_getcpuclockid(t.native_handle(), &id) != 0 || clock_gettime(id, &ts) != 0) return 0;
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
-bool is_collective(OpKind k) { return k != OpKind::kSend && k != OpKind::kRecv; }
+bool is_collective(OpKind k) { return k != OpKind::kSend && k != OpKind::kRecv && k != OpKind::kSendRecvMany; }
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::shared_ptr<GroupContext> ctx, std::vector<int> ranks, int rank,
@@ -138,6 +139,13 @@ int ProcessGroup::group_rank(const Transport* source, int r) const {
 }
 
 std::string ProcessGroup::label(const Op& op) const {
+  if (op.desc.kind == OpKind::kSendRecvMany) {
+    std::string peers;
+    for (const auto& p : op.peer_ops)
+      peers += fmt::format("{}{} {} {} elements (tag {})", peers.empty() ? "" : ", ", p.send ? "send to" : "recv from",
+                           ranks_[p.peer], p.count, p.tag);
+    return fmt::format("send_recv_many({})", peers);
+  }
   if (!is_collective(op.desc.kind))
     return fmt::format("{}({}, {} elements, tag {}) {} rank {}", op_name(op.desc.kind), dtype_name(op.desc.dtype),
                        op.desc.count, op.tag, op.desc.kind == OpKind::kSend ? "to" : "from", ranks_[op.peer]);
@@ -296,6 +304,19 @@ Algo ProcessGroup::run_algorithm(Op& op) {
     case OpKind::kRecv:
       t.recv(op.peer, op.tag, {static_cast<std::byte*>(a.out), op.bytes});
       return Algo::kAuto;
+    case OpKind::kSendRecvMany: {
+      std::vector<Transport::PeerSend> sends;
+      std::vector<Transport::PeerRecv> recvs;
+      for (const auto& p : op.peer_ops) {
+        const size_t bytes = p.count * dtype_size(p.dtype);
+        if (p.send)
+          sends.push_back({p.peer, p.tag, {static_cast<const std::byte*>(p.data), bytes}});
+        else
+          recvs.push_back({p.peer, p.tag, {static_cast<std::byte*>(const_cast<void*>(p.data)), bytes}});
+      }
+      t.send_recv_many(sends, recvs);
+      return Algo::kAuto;
+    }
     case OpKind::kBarrier:
       t.exchange({});
       return Algo::kOneShot;
@@ -419,6 +440,22 @@ Work ProcessGroup::recv(void* buf, size_t count, DType dtype, int peer, uint64_t
   o->peer = peer;
   o->tag = tag;
   o->bytes = count * dtype_size(dtype);
+  return submit(std::move(o));
+}
+
+Work ProcessGroup::send_recv_many(std::span<const PeerOp> ops) {
+  auto o = std::make_unique<Op>();
+  size_t bytes = 0;
+  for (const auto& p : ops) {
+    if (p.peer < 0 || p.peer >= size() || p.peer == rank_)
+      throw CommError(fmt::format("send_recv_many: peer {} is not another rank of this group of {}", p.peer, size()));
+    bytes += p.count * dtype_size(p.dtype);
+  }
+  o->desc = {OpKind::kSendRecvMany, DType::F32, ReduceOp::kSum, -1, ops.size(), 0};
+  o->peer_ops.assign(ops.begin(), ops.end());
+  o->bytes = bytes;
+  // The first peer names the op in timeouts and errors that report one peer.
+  o->peer = ops.empty() ? -1 : ops.front().peer;
   return submit(std::move(o));
 }
 

@@ -98,6 +98,18 @@ class ProcessGroup {
                     std::span<const size_t> recv_counts, DType dtype);
   Work send(const void* buf, size_t count, DType dtype, int peer, uint64_t tag);
   Work recv(void* buf, size_t count, DType dtype, int peer, uint64_t tag);
+  // Grouped point to point (torch's batch_isend_irecv): every send and receive of the list in progress
+  // at once, so two neighbours exchanging in both directions never deadlock whatever the message size.
+  // Messages to (from) one peer go in list order. Buffers must stay valid until the Work completes.
+  struct PeerOp {
+    bool send = true;
+    const void* data = nullptr;  // the buffer (written into for a receive)
+    size_t count = 0;
+    DType dtype = DType::F32;
+    int peer = -1;
+    uint64_t tag = 0;
+  };
+  Work send_recv_many(std::span<const PeerOp> ops);
   // `timeout` replaces the group's LOOM_COMM_TIMEOUT for this barrier (a wait for a peer's I/O).
   Work barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 

@@ -274,6 +274,50 @@ void ShmTransport::send_recv(int to, std::span<const std::byte> out, int from, s
   }
 }
 
+void ShmTransport::send_recv_many(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
+  const size_t payload = layout_->chunk_payload();
+  auto chunks = [&](size_t bytes) { return std::max<size_t>(1, (bytes + payload - 1) / payload); };
+  std::vector<Message> out, in;
+  for (const auto& m : sends) {
+    check_peer(m.peer, "send_recv_many");
+    out.push_back({m.peer, m.tag, m.data.data(), nullptr, m.data.size(), chunks(m.data.size())});
+  }
+  for (const auto& m : recvs) {
+    check_peer(m.peer, "send_recv_many");
+    in.push_back({m.peer, m.tag, nullptr, m.data.data(), m.data.size(), chunks(m.data.size())});
+  }
+  // Every message moves a chunk whenever its channel allows, except that a channel carries one message
+  // at a time, in list order: only the first unfinished message per peer and direction is active.
+  auto step = [&] {
+    bool moved = false;
+    std::vector<char> busy_out(static_cast<size_t>(size_), 0), busy_in(static_cast<size_t>(size_), 0);
+    for (auto& m : out) {
+      if (m.done() || busy_out[static_cast<size_t>(m.peer)]) continue;
+      busy_out[static_cast<size_t>(m.peer)] = 1;
+      while (!m.done() && try_push(m)) moved = true;
+      if (!m.done()) continue;
+      busy_out[static_cast<size_t>(m.peer)] = 0;  // the next message to this peer may start next round
+    }
+    for (auto& m : in) {
+      if (m.done() || busy_in[static_cast<size_t>(m.peer)]) continue;
+      busy_in[static_cast<size_t>(m.peer)] = 1;
+      while (!m.done() && try_pull(m)) moved = true;
+      if (!m.done()) continue;
+      busy_in[static_cast<size_t>(m.peer)] = 0;
+    }
+    return moved;
+  };
+  auto pending = [&]() -> int {
+    for (const auto& m : in)
+      if (!m.done()) return m.peer;
+    for (const auto& m : out)
+      if (!m.done()) return m.peer;
+    return -1;
+  };
+  for (int peer = pending(); peer >= 0; peer = pending())
+    if (!step()) wait_for("the peers of a grouped send/recv", peer, step);
+}
+
 std::optional<std::span<std::byte>> ShmTransport::arena_allocate(size_t bytes) {
   auto off = arena_free_.allocate(bytes);
   if (!off) return std::nullopt;

@@ -67,6 +67,20 @@ class Transport {
   virtual void recv(int peer, uint64_t tag, std::span<std::byte> data) = 0;
   // Sends to `to` while receiving from `from`, interleaved so that a ring of them cannot deadlock.
   virtual void send_recv(int to, std::span<const std::byte> out, int from, std::span<std::byte> in) = 0;
+  // A group of tagged sends and receives with any peers, all in progress at once, so neighbours that
+  // exchange in both directions never wait on each other (torch's batch_isend_irecv). Messages to (and
+  // from) one peer go in list order, as separate send / recv calls would.
+  struct PeerSend {
+    int peer;
+    uint64_t tag;
+    std::span<const std::byte> data;
+  };
+  struct PeerRecv {
+    int peer;
+    uint64_t tag;
+    std::span<std::byte> data;
+  };
+  virtual void send_recv_many(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) = 0;
 
   // Registered memory: a per-rank arena that peers can read. allocate() returns nullopt when full.
   virtual std::optional<std::span<std::byte>> arena_allocate(size_t bytes) = 0;
