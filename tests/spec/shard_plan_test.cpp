@@ -75,7 +75,9 @@ TEST(ShardPlan, ZeroPlanDerivesFromFlatDpPlacements) {
     EXPECT_THROW(zero_shard_plan(table, cfg.n_layers, 2), ConfigError) << "replicated along dp: not ZeRO";
     table.shard_flat_along(MeshAxis::DP);
     EXPECT_EQ(table.at("model.norm.weight").placement.str(), "dp:Shard(flat)");
-    if (tp > 1) EXPECT_EQ(table.at("model.layers.0.mlp.down_proj.weight").placement.str(), "dp:Shard(flat),tp:Shard(1)");
+    if (tp > 1) {
+      EXPECT_EQ(table.at("model.layers.0.mlp.down_proj.weight").placement.str(), "dp:Shard(flat),tp:Shard(1)");
+    }
     const auto plan = zero_shard_plan(table, cfg.n_layers, 2);
     const ShardPlan by_hand(unit_bounds_from_blocks(table.block_starts(cfg.n_layers), table.total_numel()), 2);
     ASSERT_EQ(plan.units(), by_hand.units());

@@ -10,7 +10,10 @@ LocalWidths local_widths(const spec::TransformerConfig& cfg, const spec::ParamTa
   w.heads = cfg.n_heads / tp;
   w.kv_heads = cfg.n_kv_heads >= tp ? cfg.n_kv_heads / tp : 1;
   w.d_ff = cfg.d_ff / tp;
-  w.vocab = table.at(cfg.arch == spec::Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0];
+  // The vocabulary rows per rank (a pipeline shard without the embedding or a tied head has no such
+  // tensor: computed from the placement rule instead, padded to a multiple of tp).
+  const char* wte = cfg.arch == spec::Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  w.vocab = table.index_of(wte) ? table.at(wte).shape[0] : (cfg.vocab_size + tp - 1) / tp;
   w.kv_shared_by = cfg.n_kv_heads >= tp ? 1 : tp / static_cast<int>(cfg.n_kv_heads);
   return w;
 }
@@ -39,31 +42,45 @@ ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterSto
     if (!llama) n.b = P.param(prefix + ".bias"), n.db = P.grad(prefix + ".bias");
     return n;
   };
+  // A pipeline shard binds what it holds; the rest stays empty (never run here).
+  const auto& shard = P.table().shard();
+  auto has = [&](const std::string& name) { return P.table().index_of(name).has_value(); };
   ModelWeights m;
+  m.blocks.resize(static_cast<size_t>(cfg.n_layers));
   if (llama) {
-    m.wte = P.param("model.embed_tokens.weight"), m.dwte = P.grad("model.embed_tokens.weight");
+    if (has("model.embed_tokens.weight"))
+      m.wte = P.param("model.embed_tokens.weight"), m.dwte = P.grad("model.embed_tokens.weight");
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      if (!shard.holds_block(l)) continue;
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      m.blocks.push_back({norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
-                          with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")),
-                          linear(p + "self_attn.o_proj.weight", ""),
-                          fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                          linear(p + "mlp.down_proj.weight", "")});
+      m.blocks[static_cast<size_t>(l)] = {norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
+                                          with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")),
+                                          linear(p + "self_attn.o_proj.weight", ""),
+                                          fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                                          linear(p + "mlp.down_proj.weight", "")};
     }
-    m.norm_f = norm("model.norm");
-    m.head = cfg.tie_embeddings ? linear("model.embed_tokens.weight", "") : linear("lm_head.weight", "");
+    if (shard.head) {
+      m.norm_f = norm("model.norm");
+      m.head = cfg.tie_embeddings ? linear("model.embed_tokens.weight", "") : linear("lm_head.weight", "");
+    }
   } else {
-    m.wte = P.param("transformer.wte.weight"), m.dwte = P.grad("transformer.wte.weight");
-    m.wpe = P.param("transformer.wpe.weight"), m.dwpe = P.grad("transformer.wpe.weight");
+    if (has("transformer.wte.weight"))
+      m.wte = P.param("transformer.wte.weight"), m.dwte = P.grad("transformer.wte.weight");
+    if (has("transformer.wpe.weight"))
+      m.wpe = P.param("transformer.wpe.weight"), m.dwpe = P.grad("transformer.wpe.weight");
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      if (!shard.holds_block(l)) continue;
       const std::string p = "transformer.h." + std::to_string(l) + ".";
-      m.blocks.push_back({norm(p + "ln_1"), norm(p + "ln_2"), linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias"),
-                          linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias"),
-                          linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"),
-                          linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")});
+      m.blocks[static_cast<size_t>(l)] = {norm(p + "ln_1"), norm(p + "ln_2"),
+                                          linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias"),
+                                          linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias"),
+                                          linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"),
+                                          linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")};
     }
-    m.norm_f = norm("transformer.ln_f");
-    m.head = cfg.tie_embeddings ? linear("transformer.wte.weight", "") : linear("lm_head.weight", "");
+    if (shard.head) {
+      m.norm_f = norm("transformer.ln_f");
+      m.head = cfg.tie_embeddings ? linear("transformer.wte.weight", "") : linear("lm_head.weight", "");
+    }
   }
   return m;
 }

@@ -58,6 +58,11 @@ kernels::AttentionShape Transformer::attention_shape(int64_t B, int64_t T) const
 }
 
 ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
+  return make_context(B, T, {0, cfg_.n_layers, true, true});
+}
+
+ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& ch) const {
+  check_chunk(ch);
   if (B <= 0 || T <= 0 || T > cfg_.max_seq)
     throw ConfigError("micro-batch [" + std::to_string(B) + ", " + std::to_string(T) +
                       "] is invalid: need B > 0 and 0 < T <= model.max_seq = " + std::to_string(cfg_.max_seq));
@@ -78,24 +83,30 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
   c.B = B, c.T = T;
   c.tokens = Tensor::empty({B, T}, DType::I32, alloc, act);
   c.targets = Tensor::empty({B, T}, DType::I32, alloc, act);
-  for (int64_t l = 0; l <= cfg_.n_layers; ++l) c.residual.push_back(f32({R, C}));
+  // Only the chunk's blocks save anything; the residual stream from its input to its output.
+  const int64_t L = cfg_.n_layers;
+  const bool heads = ch.head;
+  c.residual.resize(static_cast<size_t>(L + 1));
+  for (int64_t l = ch.first; l <= ch.last; ++l) c.residual[static_cast<size_t>(l)] = f32({R, C});
   // In bf16 mode the f32 outputs of the norms and the MLP activation only feed a cast to the bf16 copy
   // that GEMMs and backward read, so every layer writes them into one shared scratch. In fp32 mode
   // they are the saved tensors themselves and each layer keeps its own.
   Tensor scratch = lowp_ ? f32({std::max(R * C, N * F)}) : Tensor();
   auto f32_or_scratch = [&](Shape s) { return lowp_ ? scratch.view(0, s) : f32(s); };
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    BlockActivations a;
+  c.blocks.resize(static_cast<size_t>(L));
+  for (int64_t l = ch.first; l < ch.last; ++l) {
+    BlockActivations& a = c.blocks[static_cast<size_t>(l)];
     a.n1_mean = f32({R}), a.n1_rstd = f32({R}), a.n1_out = f32_or_scratch({R, C}), a.n1_lp = lp(a.n1_out);
     a.qkv = f32({N, QKV}), a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
     a.x_mid = f32({R, C});
     a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = f32_or_scratch({R, C}), a.n2_lp = lp(a.n2_out);
     a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
-    c.blocks.push_back(std::move(a));
   }
-  c.nf_mean = f32({R}), c.nf_rstd = f32({R}), c.nf_out = f32_or_scratch({R, C}), c.nf_lp = lp(c.nf_out);
-  c.logits = f32({N, local_.vocab});
-  c.losses = f32({N});
+  if (heads) {
+    c.nf_mean = f32({R}), c.nf_rstd = f32({R}), c.nf_out = f32_or_scratch({R, C}), c.nf_lp = lp(c.nf_out);
+    c.logits = f32({N, local_.vocab});
+    c.losses = f32({N});
+  }
   c.d_res = f32({R, C}), c.d_norm = f32({R, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
   if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
@@ -146,34 +157,69 @@ void Transformer::add_partial_grads(std::initializer_list<const NormViews*> norm
 }
 
 double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Tensor& targets, float grad_scale) {
-  if (tokens.shape() != Shape({c.B, c.T}) || targets.shape() != tokens.shape() || tokens.dtype() != DType::I32 ||
-      targets.dtype() != DType::I32)
-    throw ShapeError("forward: tokens " + tokens.shape().str() + " and targets " + targets.shape().str() +
-                     " must both be I32 [" + std::to_string(c.B) + ", " + std::to_string(c.T) + "]");
-  c.tokens.copy_from(tokens);
-  c.targets.copy_from(targets);
-  const int32_t* tk = c.tokens.data<int32_t>();
-  const int32_t* tg = c.targets.data<int32_t>();
-  c.valid_targets = 0;
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    if (tk[i] < 0 || tk[i] >= cfg_.vocab_size || tg[i] >= cfg_.vocab_size)
-      throw ConfigError("token id " + std::to_string(tk[i] < 0 || tk[i] >= cfg_.vocab_size ? tk[i] : tg[i]) +
-                        " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
-                        std::to_string(cfg_.vocab_size) + "): the data does not match model.vocab_size");
-    c.valid_targets += tg[i] >= 0;
+  return forward_chunk(c, {0, cfg_.n_layers, true, true}, &tokens, &targets, grad_scale);
+}
+
+void Transformer::backward(ActivationContext& c) { backward_chunk(c, {0, cfg_.n_layers, true, true}); }
+
+void Transformer::check_chunk(const Chunk& ch) const {
+  const auto& shard = params_.table().shard();
+  bool held = ch.first >= 0 && ch.first <= ch.last && ch.last <= cfg_.n_layers;
+  for (int64_t l = ch.first; held && l < ch.last; ++l) held = shard.holds_block(l);
+  if (!held || (ch.embeddings && (ch.first != 0 || !shard.embeddings)) ||
+      (ch.head && (ch.last != cfg_.n_layers || !shard.head)))
+    throw Error("internal: blocks [" + std::to_string(ch.first) + ", " + std::to_string(ch.last) +
+                ") are not all in this rank's shard of the model");
+}
+
+double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const Tensor* tokens, const Tensor* targets,
+                                  float grad_scale) {
+  check_chunk(ch);
+  const int64_t L = cfg_.n_layers;
+  const bool embeds = ch.embeddings, heads = ch.head;
+  auto check = [&](const Tensor* t, const char* what) {
+    if (!t || t->shape() != Shape({c.B, c.T}) || t->dtype() != DType::I32)
+      throw ShapeError(std::string("forward: ") + what + " must be I32 [" + std::to_string(c.B) + ", " +
+                       std::to_string(c.T) + "]" + (t ? ", got " + t->shape().str() : ""));
+  };
+  // The chunk with the embeddings reads the tokens, the one with the head the targets; each checks its own.
+  if (embeds) {
+    check(tokens, "tokens");
+    c.tokens.copy_from(*tokens);
+    const int32_t* tk = c.tokens.data<int32_t>();
+    for (int64_t i = 0; i < c.tokens.numel(); ++i)
+      if (tk[i] < 0 || tk[i] >= cfg_.vocab_size)
+        throw ConfigError("token id " + std::to_string(tk[i]) + " at position " + std::to_string(i) +
+                          " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) +
+                          "): the data does not match model.vocab_size");
+  }
+  if (heads) {
+    check(targets, "targets");
+    c.targets.copy_from(*targets);
+    const int32_t* tg = c.targets.data<int32_t>();
+    c.valid_targets = 0;
+    for (int64_t i = 0; i < c.targets.numel(); ++i) {
+      if (tg[i] >= cfg_.vocab_size)
+        throw ConfigError("token id " + std::to_string(tg[i]) + " at position " + std::to_string(i) +
+                          " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) +
+                          "): the data does not match model.vocab_size");
+      c.valid_targets += tg[i] >= 0;
+    }
   }
   WholeSequence attention(backend_, rope_, llama_, attention_shape(c.B, c.T));
-  const int64_t L = cfg_.n_layers;
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
-  h.before_forward(-1);
-  ops_->embedding_forward(c.residual[0], c.tokens, w_.wte, llama_ ? nullptr : &w_.wpe);
-  h.after_forward(-1);
-  for (int64_t l = 0; l < L; ++l) {
+  if (embeds) {
+    h.before_forward(-1);
+    ops_->embedding_forward(c.residual[0], c.tokens, w_.wte, llama_ ? nullptr : &w_.wpe);
+    h.after_forward(-1);
+  }
+  for (int64_t l = ch.first; l < ch.last; ++l) {
     h.before_forward(l);
     runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention);
     h.after_forward(l);
   }
+  if (!heads) return 0.0;
   h.before_forward(L);
   runner_.norm_forward(w_.norm_f, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[L]);
   runner_.to_gemm_input(c.nf_lp, c.nf_out);
@@ -186,27 +232,32 @@ double Transformer::forward(ActivationContext& c, const Tensor& tokens, const Te
   return c.valid_targets > 0 ? sum / static_cast<double>(c.valid_targets) : 0.0;
 }
 
-void Transformer::backward(ActivationContext& c) {
+void Transformer::backward_chunk(ActivationContext& c, const Chunk& ch) {
+  check_chunk(ch);
   const auto s = attention_shape(c.B, c.T);
   const int64_t L = cfg_.n_layers;
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
-  h.before_backward(L);
-  // LM head: logits hold dlogits after the fused softmax-cross-entropy.
-  ops_->column_backward(&c.d_norm, w_.head, c.logits, c.nf_lp);
-  c.d_res.fill_zero();
-  if (c.norm_grads.defined()) c.norm_grads.fill_zero();
-  runner_.norm_backward(partial_grads(w_.norm_f, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
-  add_partial_grads({&w_.norm_f}, c);
-  h.after_backward(L);
-  for (int64_t l = L - 1; l >= 0; --l) {
+  if (ch.head) {
+    h.before_backward(L);
+    // LM head: logits hold dlogits after the fused softmax-cross-entropy.
+    ops_->column_backward(&c.d_norm, w_.head, c.logits, c.nf_lp);
+    c.d_res.fill_zero();
+    if (c.norm_grads.defined()) c.norm_grads.fill_zero();
+    runner_.norm_backward(partial_grads(w_.norm_f, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+    add_partial_grads({&w_.norm_f}, c);
+    h.after_backward(L);
+  }
+  for (int64_t l = ch.last - 1; l >= ch.first; --l) {
     h.before_backward(l);
     block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s);
     h.after_backward(l);
   }
-  h.before_backward(-1);
-  ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
-  h.after_backward(-1);
+  if (ch.embeddings) {
+    h.before_backward(-1);
+    ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
+    h.after_backward(-1);
+  }
 }
 
 }  // namespace loom::model

@@ -29,8 +29,17 @@ class Transformer {
   const spec::TransformerConfig& config() const { return cfg_; }
   // This shard's widths: query heads, KV heads, MLP width and vocabulary rows (padded) per rank.
   const LocalWidths& local() const { return local_; }
-  // Allocates a context for micro-batches of shape [B, T] (T <= max_seq).
+  // A pipeline chunk: blocks [first, last), with the embeddings first (the first chunk) and the final
+  // norm, head and loss last (the last chunk); either may hold no block. The whole model is
+  // {0, n_layers, true, true}.
+  struct Chunk {
+    int64_t first = 0, last = 0;
+    bool embeddings = false, head = false;
+  };
+  // Allocates a context for micro-batches of shape [B, T] (T <= max_seq): for the whole model, or for
+  // one chunk (its blocks' saved tensors, its part of the residual stream, the logits when it has the head).
   ActivationContext make_context(int64_t B, int64_t T) const;
+  ActivationContext make_context(int64_t B, int64_t T, const Chunk& chunk) const;
 
   // Forward over tokens/targets (I32 [B, T], copied into the context; targets < 0 are ignored).
   // Returns the mean loss over valid targets. With grad_scale > 0 the context keeps
@@ -38,6 +47,14 @@ class Transformer {
   double forward(ActivationContext& ctx, const Tensor& tokens, const Tensor& targets, float grad_scale);
   // Accumulates parameter gradients (+=) into the ParameterStore's gradient arena.
   void backward(ActivationContext& ctx);
+  // One pipeline chunk (this rank's shard must hold it). Forward: a chunk without the embeddings reads
+  // its input from ctx.residual[first] (the previous chunk's output, put there by the caller) and leaves
+  // its output in ctx.residual[last]; tokens are read only by the chunk with the embeddings, targets only
+  // by the one with the head, which returns the mean loss (others 0). Backward: a chunk without the head
+  // reads d(loss)/d(its output) from ctx.d_res and leaves d(loss)/d(its input) there.
+  double forward_chunk(ActivationContext& ctx, const Chunk& chunk, const Tensor* tokens, const Tensor* targets,
+                       float grad_scale);
+  void backward_chunk(ActivationContext& ctx, const Chunk& chunk);
   // Called around every unit's use in forward and backward (nullptr: none). Not owned.
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
@@ -51,6 +68,7 @@ class Transformer {
   NormViews partial_grads(const NormViews& n, ActivationContext& c, int slot) const;
   void add_partial_grads(std::initializer_list<const NormViews*> norms, ActivationContext& c);
   kernels::AttentionShape attention_shape(int64_t B, int64_t T) const;
+  void check_chunk(const Chunk& chunk) const;  // throws unless this rank's shard holds it
 
   spec::TransformerConfig cfg_;
   ParameterStore& params_;

@@ -84,7 +84,26 @@ int64_t ParamTable::global_element(const ParamSpec& p, int64_t local) const {
   return global;
 }
 
+bool TableShard::holds_block(int64_t b) const {
+  if (blocks.empty()) return true;
+  for (const auto& [lo, hi] : blocks)
+    if (b >= lo && b < hi) return true;
+  return false;
+}
+
+namespace {
+// Whether a pipeline shard holds the tensor `name` (tied: the head is the token embedding).
+bool holds(const TableShard& s, const std::string& name, bool tied) {
+  if (s.every_layer()) return true;
+  if (const int64_t b = block_of(name); b >= 0) return s.holds_block(b);
+  if (name == "transformer.wpe.weight") return s.embeddings;
+  if (name == "transformer.wte.weight" || name == "model.embed_tokens.weight") return s.embeddings || (s.head && tied);
+  return s.head;  // final norm, untied head
+}
+}  // namespace
+
 void ParamTable::add(ParamSpec p) {
+  if (!holds(shard_, p.name, tied_)) return;
   // A hash index keeps building the table linear in the number of tensors.
   if (!index_.emplace(p.name, params_.size()).second) throw ConfigError("parameter '" + p.name + "' defined twice");
   p.global_shape = p.shape;
@@ -239,7 +258,10 @@ ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard) {
   if (shard.tp_rank < 0 || shard.tp_rank >= shard.tp_size)
     throw ConfigError("tensor-parallel rank " + std::to_string(shard.tp_rank) + " is outside tp = " +
                       std::to_string(shard.tp_size));
+  if (!shard.every_layer() && !shard.embeddings && !shard.head && shard.blocks.empty())
+    throw Error("internal: a pipeline shard must hold something");
   ParamTable t(shard);
+  t.set_tied(cfg.tie_embeddings);
   if (cfg.arch == Arch::GPT2)
     add_gpt2(t, cfg);
   else

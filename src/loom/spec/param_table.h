@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "loom/spec/placement.h"
@@ -27,11 +28,19 @@ struct ArenaRange {
   bool operator==(const ArenaRange&) const = default;
 };
 
-// Which shard of the model a table describes: this rank's coordinate along the tensor-parallel axis.
-// The default is the whole model.
+// Which shard of the model a table describes: this rank's coordinate along the tensor-parallel axis,
+// and, under pipeline parallelism, which of the model's pieces it holds. The default is the whole model.
 struct TableShard {
   int tp_rank = 0, tp_size = 1;
+  // Pipeline: the blocks this rank holds, as ascending [begin, end) ranges (empty: every block); whether
+  // it holds the embeddings (the first chunk) and the final norm + head (the last chunk: with tied
+  // embeddings it then holds the token embedding too, as the head's weight).
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  bool embeddings = true, head = true;
+  // Every tensor whole (not split by tp); a pipeline shard's tensors are whole, only fewer.
   bool whole() const { return tp_size == 1; }
+  bool every_layer() const { return blocks.empty() && embeddings && head; }
+  bool holds_block(int64_t b) const;
   bool operator==(const TableShard&) const = default;
 };
 
@@ -70,14 +79,18 @@ class ParamTable {
   std::vector<int64_t> block_starts(int64_t n_layers) const;
   std::optional<size_t> index_of(const std::string& name) const;
 
-  // `p.shape` is the whole tensor's shape; the table cuts this shard's out of it by p.placement.
+  // `p.shape` is the whole tensor's shape; the table cuts this shard's out of it by p.placement. A
+  // tensor a pipeline shard does not hold is skipped.
   void add(ParamSpec p);
+  // With tied embeddings a pipeline shard holding the head holds the token embedding as its weight.
+  void set_tied(bool tied) { tied_ = tied; }
   // Marks every tensor Shard(flat) along `axis` (ZeRO / FSDP along dp): shapes and offsets stay this
   // shard's, the pieces are spec::ShardPlan's.
   void shard_flat_along(MeshAxis axis);
 
  private:
   TableShard shard_;
+  bool tied_ = false;
   std::vector<ParamSpec> params_;
   std::unordered_map<std::string, size_t> index_;  // name -> position in params_
   int64_t total_ = 0;
