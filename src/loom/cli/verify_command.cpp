@@ -39,7 +39,8 @@ struct Layout {
 };
 
 // "dp=4,zero=1" -> {parallel.dp=4, parallel.zero=1}; "tp=2,sp=1" -> {parallel.tp=2,
-// parallel.sequence_parallel=true}; ranks = dp * tp * pp * cp.
+// parallel.sequence_parallel=true}; "pp=2,v=2,schedule=interleaved-1f1b" -> the pipeline keys;
+// ranks = dp * tp * pp * cp.
 std::vector<Layout> parse_layouts(const std::string& spec) {
   std::vector<Layout> out;
   size_t start = 0;
@@ -58,11 +59,18 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
       const auto eq = kv.find('=');
       const std::string key = kv.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : kv.substr(eq + 1);
-      static const std::vector<std::string> known = {"dp", "tp", "pp", "cp", "ep", "zero", "bucket_kb", "sp", "overlap"};
+      static const std::vector<std::string> known = {"dp", "tp", "pp", "cp", "ep", "zero", "bucket_kb", "sp", "overlap",
+                                                     "v", "schedule"};
       if (eq == std::string::npos || std::find(known.begin(), known.end(), key) == known.end())
         throw ConfigError(fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, ep, zero, "
-                                      "bucket_kb, sp, overlap (e.g. --layouts \"dp=1;dp=2;tp=2,sp=1;dp=4,zero=1\")",
+                                      "bucket_kb, sp, overlap, v, schedule (e.g. --layouts "
+                                      "\"dp=1;dp=2;tp=2,sp=1;pp=2,v=2,schedule=interleaved-1f1b\")",
                                       kv, item));
+      // The pipeline schedule is a name; every other key a number.
+      if (key == "schedule") {
+        l.sets.push_back("parallel.pipeline.schedule=" + value);
+        continue;
+      }
       char* endp = nullptr;
       const long v = std::strtol(value.c_str(), &endp, 10);
       if (value.empty() || *endp != '\0' || v < 0 || v > 65536)
@@ -75,7 +83,7 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
                          (v ? "true" : "false"));
         continue;
       }
-      l.sets.push_back("parallel." + key + "=" + value);
+      l.sets.push_back(key == "v" ? "parallel.pipeline.virtual_stages=" + value : "parallel." + key + "=" + value);
     }
     out.push_back(std::move(l));
   }

@@ -13,15 +13,23 @@ double Parallelism::tp_in_flight_seconds() const {
   return t ? t->in_flight_seconds() : 0.0;
 }
 
-Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp) {
+Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp,
+                        const spec::PipelineStages* stages) {
   Parallelism p;
   if (mesh) {
     p.dp = mesh->group(spec::MeshAxis::DP);
     p.tp = mesh->group(spec::MeshAxis::TP);
+    p.pp = mesh->group(spec::MeshAxis::PP);
     p.world = mesh->shape().world();
   }
+  if (stages) p.stages = *stages;
+  if (p.pp) {
+    if (!stages || stages->pp != p.pp->size())
+      throw Error("internal: a pipeline of " + std::to_string(p.pp->size()) + " ranks needs its stages");
+    p.shard = stages->shard_of(p.pp->rank());
+  }
   if (p.tp) {
-    p.shard = {p.tp->rank(), p.tp->size()};
+    p.shard.tp_rank = p.tp->rank(), p.shard.tp_size = p.tp->size();
     p.ops = std::make_unique<TensorParallelOps>(backend, *p.tp, tp);
   } else {
     p.ops = std::make_unique<kernels::LayerOps>(backend);

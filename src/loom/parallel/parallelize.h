@@ -12,17 +12,22 @@
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/tensor_parallel_ops.h"
 #include "loom/spec/param_table.h"
+#include "loom/spec/pipeline_stages.h"
 
 namespace loom::parallel {
 
 struct Parallelism {
   comm::ProcessGroup* dp = nullptr;  // the data-parallel group; nullptr when dp = 1
   comm::ProcessGroup* tp = nullptr;  // the tensor-parallel group; nullptr when tp = 1
+  comm::ProcessGroup* pp = nullptr;  // the pipeline group; nullptr when pp = 1
+  spec::PipelineStages stages;       // the model's chunks (one chunk, all blocks, without pp)
   spec::TableShard shard;            // this rank's tensor-parallel shard of every weight
   std::unique_ptr<kernels::LayerOps> ops;  // how the model's linears, embedding and loss run here
   int world = 1;                     // ranks in the job (the peak MFU is measured against)
   int dp_size() const { return dp ? dp->size() : 1; }
   int dp_rank() const { return dp ? dp->rank() : 0; }
+  int pp_size() const { return pp ? pp->size() : 1; }
+  int pp_rank() const { return pp ? pp->rank() : 0; }
   // The data-parallel strategy over this rank's dp group, for the arenas `setup.table` lays out (built
   // once per trainer, before its parameter store: the strategy says how the arenas must be backed).
   std::unique_ptr<DataParallel> data_parallel(const DataParallelSetup& setup, Allocator& alloc,
@@ -36,6 +41,10 @@ struct Parallelism {
 };
 
 // mesh: nullptr for a single-rank run (everything local). tp: how tensor parallelism runs where tp > 1.
-Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp = {});
+// stages: the model's cut into pipeline chunks (spec::cut_pipeline), needed where pp > 1: this rank's
+// shard then holds the blocks of its chunks, the embeddings on pipeline rank 0 and the head on the
+// rank of the last chunk.
+Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp = {},
+                        const spec::PipelineStages* stages = nullptr);
 
 }  // namespace loom::parallel

@@ -21,6 +21,17 @@ std::string PipelineStages::str() const {
   return s;
 }
 
+TableShard PipelineStages::shard_of(int rank) const {
+  TableShard s;
+  for (int g = rank; g < chunks(); g += pp) {
+    const int64_t first = first_layer(g);
+    s.blocks.push_back({first, first + layers[static_cast<size_t>(g)]});
+  }
+  s.embeddings = rank == 0;
+  s.head = rank_of(chunks() - 1) == rank;
+  return s;
+}
+
 double block_cost(const TransformerConfig& c, int64_t seq) {
   const double C = static_cast<double>(c.d_model), D = static_cast<double>(c.head_dim());
   const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);

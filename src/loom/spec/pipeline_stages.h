@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/spec/param_table.h"
 #include "loom/spec/transformer_config.h"
 
 namespace loom::spec {
@@ -21,6 +22,9 @@ struct PipelineStages {
   int rank_of(int chunk) const { return chunk % pp; }
   int local_chunk(int chunk) const { return chunk / pp; }
   std::string str() const;  // "8,8,8,6"
+  // The part of the model pipeline rank `rank` holds: the blocks of its chunks, the embeddings on rank 0,
+  // the head on the rank of the last chunk (tp fields at their defaults).
+  TableShard shard_of(int rank) const;
 };
 
 // Training cost per token (FLOPs) of one block, and of the final norm + head + loss, at sequence length

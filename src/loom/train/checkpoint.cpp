@@ -232,6 +232,7 @@ void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::Param
     const std::string& key = entry.name;
     const bool is_model = entry.model;
     if (!is_model && !adam) continue;
+    if (!params.table().index_of(entry.param)) continue;  // another pipeline stage's
     model_tensors += is_model;
     optimizer_tensors += !is_model;
     const auto& spec = params.table().at(entry.param);
@@ -308,11 +309,13 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
       if (!la.empty() && la[0] == '[') section = la.substr(1, la.size() - 2) + ".";
       if (la == lb) continue;
       std::string key = section + la.substr(0, la.find(' '));
-      // Every layout saves whole tensors (rank 0's replica, ZeRO pieces and tp shards gathered), so dp,
-      // tp, zero and the bucket size may change on resume; a different model, or an axis this build does
-      // not reshard yet (pp, cp, ep), may not.
-      const bool free_layout_key = key == "parallel.dp" || key == "parallel.tp" || key == "parallel.zero" ||
-                                   key == "parallel.bucket_kb" || key == "parallel.sequence_parallel";
+      // Every layout saves whole tensors (rank 0's replica, ZeRO pieces, tp shards and pipeline stages
+      // gathered), so dp, tp, pp, zero, the pipeline's schedule and cut and the bucket size may change on
+      // resume; a different model, or an axis this build does not reshard yet (cp, ep), may not.
+      const bool free_layout_key = key == "parallel.dp" || key == "parallel.tp" || key == "parallel.pp" ||
+                                   key == "parallel.zero" || key == "parallel.bucket_kb" ||
+                                   key == "parallel.sequence_parallel" || key == "parallel.tp_overlap" ||
+                                   key.rfind("parallel.pipeline.", 0) == 0;
       if (section == "model." || (section == "parallel." && !free_layout_key))
         throw ConfigError("checkpoint '" + dir.string() + "' was made with " + key + " = " + la.substr(la.find('=') + 2) +
                           ", this run has " + lb.substr(lb.find('=') + 2) + "; resume with the checkpoint's model and layout");

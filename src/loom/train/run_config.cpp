@@ -12,6 +12,8 @@
 
 #include "loom/core/toml_text.h"
 #include "loom/error.h"
+#include "loom/spec/pipeline_schedule.h"
+#include "loom/spec/pipeline_stages.h"
 #include "loom/spec/checked_size.h"
 
 namespace loom::train {
@@ -175,6 +177,12 @@ const std::vector<Field>& fields() {
       LOOM_BOOL("parallel.tp_overlap", parallel.tp_overlap,
                 "with tp > 1: run the weight-gradient GEMM while the input-gradient collective is in flight"),
       LOOM_INT("parallel.pp", parallel.pp, 1, 65536, "pipeline-parallel degree"),
+      LOOM_STRING("parallel.pipeline.schedule", parallel.pipeline_schedule,
+                  "with pp > 1: \"gpipe\", \"1f1b\" or \"interleaved-1f1b\" (\"zb-h1\" is planned and checked, not yet run)"),
+      LOOM_INT("parallel.pipeline.virtual_stages", parallel.pipeline_virtual_stages, 1, 65536,
+               "model chunks per pipeline rank (interleaved-1f1b: at least 2)"),
+      LOOM_STRING("parallel.pipeline.layers", parallel.pipeline_layers,
+                  "blocks per chunk, e.g. \"7,8,8,7\" (empty: balanced by declared cost)"),
       LOOM_INT("parallel.cp", parallel.cp, 1, 65536, "context-parallel degree"),
       LOOM_INT("parallel.ep", parallel.ep, 1, 65536, "expert-parallel degree"),
       LOOM_INT("parallel.zero", parallel.zero, 0, 3, "ZeRO stage 0-3"),
@@ -330,10 +338,27 @@ void RunConfig::validate() const {
   need(p.zero_release == "lazy" || p.zero_release == "eager",
        "parallel.zero_release = \"" + p.zero_release + "\" is not a release mode (\"lazy\" or \"eager\")");
   need(p.zero >= 0 && p.zero <= 3, "parallel.zero = " + s(p.zero) + " is not a ZeRO stage (0, 1, 2 or 3)");
-  need(p.pp == 1 && p.cp == 1 && p.ep == 1,
+  need(p.cp == 1 && p.ep == 1,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +
-           " is not supported yet: this build runs data and tensor parallelism (parallel.dp, parallel.tp, "
-           "parallel.zero = 0..3; pp, cp and ep 1)");
+           " is not supported yet: this build runs data, tensor and pipeline parallelism (parallel.dp, parallel.tp, "
+           "parallel.pp, parallel.zero = 0..3; cp and ep 1)");
+  need(p.pipeline_virtual_stages == 1 || p.pp > 1,
+       "parallel.pipeline.virtual_stages = " + s(p.pipeline_virtual_stages) + " needs parallel.pp > 1");
+  if (p.pp > 1) {
+    // The schedule and the cut must be possible before any rank starts.
+    const auto kind = spec::parse_schedule(p.pipeline_schedule);
+    need(kind != spec::PipelineSchedule::ZeroBubbleH1,
+         "parallel.pipeline.schedule = \"zb-h1\" is built and checked but not run yet: use \"1f1b\" or \"interleaved-1f1b\"");
+    need(p.tp == 1, "parallel.pp = " + s(p.pp) + " with parallel.tp = " + s(p.tp) +
+                        " is not supported yet: pipeline parallelism runs with tp = 1 in this build");
+    need(p.zero == 0, "parallel.pp = " + s(p.pp) + " with parallel.zero = " + s(p.zero) +
+                          " is not supported yet: ZeRO's per-unit reductions assume one backward per step; use zero = 0");
+    const int64_t share = train.batch_size / std::max<int64_t>(p.dp, 1);
+    spec::build_pipeline_schedule(kind, static_cast<int>(p.pp), static_cast<int>(p.pipeline_virtual_stages),
+                                  static_cast<int>(std::max<int64_t>(1, share / std::max<int64_t>(micro_batch(), 1))));
+    spec::cut_pipeline(model.resolved, seq_len(), static_cast<int>(p.pp), static_cast<int>(p.pipeline_virtual_stages),
+                       spec::parse_layer_counts(p.pipeline_layers, "parallel.pipeline.layers"));
+  }
   spec::validate_tensor_parallel(model.resolved, static_cast<int>(p.tp));
   if (p.sequence_parallel && p.tp > 1 && (micro_batch() * seq_len()) % p.tp != 0) {
     // Each rank holds a contiguous run of the micro-batch's token rows; suggest the nearest lengths that split.

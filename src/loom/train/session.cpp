@@ -129,8 +129,16 @@ SessionSummary Session::run() {
     write_run_manifest(cfg.train.out_dir, cfg, id);
     log.emplace(cfg.train.out_dir, /*append=*/resuming);
   }
+  std::optional<spec::PipelineStages> stages;
+  if (cfg.parallel.pp > 1) {
+    stages = spec::cut_pipeline(m, cfg.seq_len(), static_cast<int>(cfg.parallel.pp),
+                                static_cast<int>(cfg.parallel.pipeline_virtual_stages),
+                                spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers"));
+    say(fmt::format("pipeline: {} schedule, {} chunks of blocks {}", cfg.parallel.pipeline_schedule, stages->chunks(),
+                    stages->str()));
+  }
   const parallel::Parallelism par = parallel::parallelize(
-      mesh.get(), backend, {cfg.parallel.sequence_parallel, cfg.parallel.tp_overlap});
+      mesh.get(), backend, {cfg.parallel.sequence_parallel, cfg.parallel.tp_overlap}, stages ? &*stages : nullptr);
   Trainer trainer(cfg, backend, peak.flops_per_s, &par);
   say("data: " + trainer.data().describe());
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");

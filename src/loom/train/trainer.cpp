@@ -25,6 +25,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
       par_(par ? *par : own_par_),
       dp_(par_.dp && par_.dp->size() > 1 ? par_.dp : nullptr),
       tp_(par_.tp && par_.tp->size() > 1 ? par_.tp : nullptr),
+      pp_(par_.pp && par_.pp->size() > 1 ? par_.pp : nullptr),
       dp_size_(dp_ ? dp_->size() : 1),
       dp_rank_(dp_ ? dp_->rank() : 0),
       peak_flops_(peak_flops),
@@ -59,7 +60,11 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   optimizer_ = std::make_unique<AdamW>(
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc,
       data_parallel_->optimizer_pieces());
-  ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
+  if (pp_)
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, *pp_, par_.stages, spec::parse_schedule(cfg_.parallel.pipeline_schedule),
+                                                   cfg_.micro_batch(), cfg_.seq_len(), backend_.tracer());
+  else
+    ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
   data_parallel_->attach({params_->master().data<float>(), params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
                           params_->grads().data<float>(), params_->master_pages(), params_->lowp_pages(),
                           params_->grad_pages()});
@@ -87,7 +92,22 @@ StepMetrics Trainer::train_step(int64_t step) {
   const double tp_cpu0 = tp_ ? tp_->stats().comm_cpu_seconds : 0;
   const double dp_wait0 = dp.wait_seconds();
   const double tp_wait0 = par_.tp_wait_seconds();
-  for (int64_t m = 0; m < n_micro; ++m) {
+  if (pipeline_) {
+    // The schedule interleaves the micro-batches' passes; the data-parallel reduction waits for all of
+    // them (no reduction under backward), then goes at once.
+    dp.begin_micro_batch(true, false);
+    loss_sum = pipeline_->train(static_cast<int>(n_micro), tokens_, targets_,
+                                [&](int64_t m) { data_->fill(tokens_, targets_, first + m * mb, Split::Train); },
+                                grad_scale);
+    sum_tied_embedding_grads();
+    loss_sum = pp_sum(loss_sum);
+    if (!std::isfinite(loss_sum))
+      throw NumericError("step " + std::to_string(step) + ": the loss is " + std::to_string(loss_sum) +
+                         "; lower train.lr or check the data");
+    dp.begin_micro_batch(true, true);
+    dp.after_backward(-1);  // every gradient is final
+  }
+  for (int64_t m = 0; !pipeline_ && m < n_micro; ++m) {
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
     // Gradients are scaled by the global sample count, so the sum over replicas is the batch gradient;
     // the strategy decides in which micro-batches it reduces.
@@ -127,7 +147,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.exposed_comm_seconds = exposed;
   s.comm_cpu_seconds = dp.comm_cpu_seconds() - comm_cpu0;
   if (tp_) s.comm_cpu_seconds += tp_->stats().comm_cpu_seconds - tp_cpu0;
-  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * dp_size_ * par_.shard.tp_size) : 0.0;
+  s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * par_.world) : 0.0;
   return s;
 }
 
@@ -162,12 +182,19 @@ double Trainer::evaluate() {
   // (ZeRO-3 gathers weights collectively in each).
   const int64_t B = cfg_.train.batch_size, mb = cfg_.micro_batch(), share = B / dp_size_;
   double sum = 0;  // of micro-batch mean losses: all hold mb x T targets, so their mean is the mean loss
-  for (int64_t b = 0; b < cfg_.train.eval_batches; ++b)
+  for (int64_t b = 0; b < cfg_.train.eval_batches; ++b) {
+    if (pipeline_) {
+      sum += pipeline_->evaluate(static_cast<int>(share / mb), tokens_, targets_, [&](int64_t m) {
+        data_->fill(tokens_, targets_, b * B + dp_rank_ * share + m * mb, Split::Validation);
+      });
+      continue;
+    }
     for (int64_t m = 0; m < share / mb; ++m) {
       data_->fill(tokens_, targets_, b * B + dp_rank_ * share + m * mb, Split::Validation);
       sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
     }
-  return dp_sum(sum) / static_cast<double>(cfg_.train.eval_batches * (B / mb));
+  }
+  return dp_sum(pp_sum(sum)) / static_cast<double>(cfg_.train.eval_batches * (B / mb));
 }
 
 void Trainer::check_replicas(int64_t step) {
@@ -197,24 +224,30 @@ void Trainer::check_replicas(int64_t step) {
                            "); the ranks no longer train the same model. Report this with the config");
 }
 
-const spec::ParamTable& Trainer::full_table() const { return tp_ ? whole_table_ : params_->table(); }
+const spec::ParamTable& Trainer::full_table() const { return tp_ || pp_ ? whole_table_ : params_->table(); }
 
 const float* Trainer::full_master() const {
-  if (!tp_) return params_->master().data<float>();
-  if (!whole_master_.numel()) throw Error("internal: a tensor-parallel checkpoint needs gather_full_state() first");
+  if (!tp_ && !pp_) return params_->master().data<float>();
+  if (!whole_master_.numel()) throw Error("internal: a tensor- or pipeline-parallel checkpoint needs gather_full_state() first");
   return whole_master_.data<float>();
 }
 
-void Trainer::gather_tp_shards() {
-  // Only dp rank 0's replica is saved; its tp group gathers on tp rank 0 (global rank 0).
-  if (!tp_ || dp_rank_ != 0) return;
+void Trainer::gather_model_shards() {
+  // Only dp rank 0's replica is saved; its tp (or pp) group gathers on its rank 0 (global rank 0).
+  comm::ProcessGroup* group = tp_ ? tp_ : pp_;
+  if (!group || dp_rank_ != 0) return;
+  // The table of member r of the group: its tp shard, or its pipeline stage.
+  auto table_of = [&](int r) {
+    if (tp_) return spec::build_param_table(cfg_.model.resolved, {r, tp_->size()});
+    return spec::build_param_table(cfg_.model.resolved, par_.stages.shard_of(r));
+  };
   const Moments local = data_parallel_->full_moments(optimizer_->m().data<float>(), optimizer_->v().data<float>());
   const float* mine[3] = {params_->master().data<float>(), local.m, local.v};
   const auto n_local = static_cast<size_t>(params_->table().total_numel());
-  const int tp_rank = tp_->rank(), tp_size = tp_->size();
+  const int tp_rank = group->rank(), tp_size = group->size();
   if (tp_rank != 0) {
     std::vector<comm::Work> works;
-    for (int k = 0; k < 3; ++k) works.push_back(tp_->send(mine[k], n_local, DType::F32, 0, kTpShardTag + k));
+    for (int k = 0; k < 3; ++k) works.push_back(group->send(mine[k], n_local, DType::F32, 0, kTpShardTag + k));
     for (auto& w : works) w.wait();
     return;
   }
@@ -225,7 +258,7 @@ void Trainer::gather_tp_shards() {
   const MemCategory cats[3] = {MemCategory::Parameters, MemCategory::Optimizer, MemCategory::Optimizer};
   for (int k = 0; k < 3; ++k) *whole[k] = Tensor::empty({total}, DType::F32, alloc, cats[k]);
   for (int r = 0; r < tp_size; ++r) {
-    const auto table = spec::build_param_table(cfg_.model.resolved, {r, tp_size});
+    const auto table = table_of(r);
     Tensor staged;
     const float* src[3] = {mine[0], mine[1], mine[2]};
     if (r != 0) {
@@ -233,7 +266,7 @@ void Trainer::gather_tp_shards() {
       staged = Tensor::empty({3 * n}, DType::F32, alloc, MemCategory::Workspace);
       std::vector<comm::Work> works;
       for (int k = 0; k < 3; ++k) {
-        works.push_back(tp_->recv(staged.data<float>() + k * n, static_cast<size_t>(n), DType::F32, r, kTpShardTag + k));
+        works.push_back(group->recv(staged.data<float>() + k * n, static_cast<size_t>(n), DType::F32, r, kTpShardTag + k));
         src[k] = staged.data<float>() + k * n;
       }
       for (auto& w : works) w.wait();
@@ -252,8 +285,8 @@ void Trainer::gather_tp_shards() {
 }
 
 Trainer::Moments Trainer::full_moments() const {
-  if (tp_) {
-    if (!whole_m_.numel()) throw Error("internal: a tensor-parallel checkpoint needs gather_full_state() first");
+  if (tp_ || pp_) {
+    if (!whole_m_.numel()) throw Error("internal: a tensor- or pipeline-parallel checkpoint needs gather_full_state() first");
     return {whole_m_.data<float>(), whole_v_.data<float>()};
   }
   return data_parallel_->full_moments(optimizer_->m().data<float>(), optimizer_->v().data<float>());
@@ -261,7 +294,7 @@ Trainer::Moments Trainer::full_moments() const {
 
 void Trainer::gather_full_state() {
   data_parallel_->gather_full_state(optimizer_->m().data<float>(), optimizer_->v().data<float>(), backend_.allocator());
-  gather_tp_shards();
+  gather_model_shards();
 }
 
 void Trainer::release_full_state() {
@@ -294,14 +327,52 @@ double Trainer::tp_sum(double v) const {
   return v;
 }
 
+double Trainer::pp_sum(double v) const {
+  if (pp_) pp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
+  return v;
+}
+
+const char* Trainer::embedding_name() const {
+  return cfg_.model.resolved.arch == spec::Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+}
+
+void Trainer::sum_tied_embedding_grads() {
+  const auto& st = par_.stages;
+  const int head = st.rank_of(st.chunks() - 1);
+  if (!pp_ || !cfg_.model.resolved.tie_embeddings || head == 0) return;
+  const int me = pp_->rank();
+  if (me != 0 && me != head) return;
+  // Both copies' gradients, added on both ranks in the same order (a + b is b + a exactly), so the two
+  // copies take the same step.
+  const Tensor g = params_->grad(embedding_name());
+  Tensor theirs = Tensor::empty({g.numel()}, DType::F32, backend_.allocator(), MemCategory::Workspace);
+  const int other = me == 0 ? head : 0;
+  const comm::ProcessGroup::PeerOp ops[] = {
+      {true, g.raw(), static_cast<size_t>(g.numel()), DType::F32, other, uint64_t{0x5B1} << 40},
+      {false, theirs.raw(), static_cast<size_t>(g.numel()), DType::F32, other, uint64_t{0x5B1} << 40}};
+  pp_->send_recv_many(ops).wait();
+  backend_.add(g.reshape({g.numel()}), g.reshape({g.numel()}), theirs);
+}
+
 double Trainer::gradient_norm() const {
   // Under ZeRO each rank holds the summed gradient of its pieces only; across tp, replicated tensors
   // are counted on their first holder only.
   std::vector<spec::ArenaRange> mine = data_parallel_->gradient_pieces();
   if (tp_) mine = spec::intersect(mine, spec::counted_ranges(params_->table()));
+  const auto& shard = params_->table().shard();
+  if (pp_ && shard.head && !shard.embeddings && cfg_.model.resolved.tie_embeddings) {
+    // The last stage's copy of a tied embedding is counted on the first stage.
+    const auto& e = params_->table().at(embedding_name());
+    std::vector<spec::ArenaRange> rest;
+    for (const auto& r : mine) {
+      if (r.begin < e.offset) rest.push_back({r.begin, std::min(r.end, e.offset)});
+      if (r.end > e.offset + e.numel()) rest.push_back({std::max(r.begin, e.offset + e.numel()), r.end});
+    }
+    mine = rest;
+  }
   double sq = grad_sum_squares(*params_, mine);
   if (data_parallel_->gradients_sharded()) sq = dp_sum(sq);
-  return std::sqrt(tp_sum(sq));
+  return std::sqrt(pp_sum(tp_sum(sq)));
 }
 
 void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {

@@ -15,6 +15,7 @@
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
 #include "loom/train/lr_schedule.h"
+#include "loom/train/pipeline_executor.h"
 #include "loom/train/run_config.h"
 #include "loom/train/step_hooks.h"
 #include "loom/train/token_source.h"
@@ -99,12 +100,18 @@ class Trainer {
  private:
   void check_finite_gradients(int64_t step) const;
 
-  // Tensor parallelism: the tp shards of dp rank 0 gathered into whole tensors on tp rank 0.
-  void gather_tp_shards();
+  // Tensor or pipeline parallelism: the shards of dp rank 0's model-parallel group gathered into whole
+  // tensors on its rank 0.
+  void gather_model_shards();
+  // Pipeline: sums the tied embedding's gradient between its two copies (first and last stage).
+  void sum_tied_embedding_grads();
+  // The name of the token embedding.
+  const char* embedding_name() const;
 
   // Sums a value over the dp / tp group (identity alone).
   double dp_sum(double v) const;
   double tp_sum(double v) const;
+  double pp_sum(double v) const;
   // The global gradient norm: every element counted once across the tp shards (and, under ZeRO, the dp
   // pieces).
   double gradient_norm() const;
@@ -115,6 +122,7 @@ class Trainer {
   const parallel::Parallelism& par_;
   comm::ProcessGroup* dp_;
   comm::ProcessGroup* tp_;
+  comm::ProcessGroup* pp_;
   int dp_size_ = 1, dp_rank_ = 0;
   // DDP / ZeRO-1: the gradient arena in the dp group's registered memory, so the reductions read it in
   // place instead of staging a copy (plain memory when the group's arena has no room). Declared before
@@ -126,6 +134,7 @@ class Trainer {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<parallel::DataParallel> data_parallel_;  // DDP, ZeRO-1/2/3, or nothing alone
   std::unique_ptr<StepHooks> hooks_;                       // the model's unit hooks, handed to it
+  std::unique_ptr<PipelineExecutor> pipeline_;             // pp > 1: runs each step's schedule
   spec::ParamTable whole_table_;                    // tp: the whole model's table
   Tensor whole_master_, whole_m_, whole_v_;         // tp: whole tensors while a checkpoint is saved
   std::unique_ptr<AdamW> optimizer_;

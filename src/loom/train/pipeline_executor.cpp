@@ -1,0 +1,148 @@
+#include "loom/train/pipeline_executor.h"
+
+#include <chrono>
+
+#include "loom/error.h"
+
+namespace loom::train {
+
+namespace {
+// Point-to-point tags of pipeline transfers, clear of any other sender's.
+constexpr uint64_t kPipelineTag = uint64_t{0x5B0} << 40;
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(model::Transformer& model, comm::ProcessGroup& pp, const spec::PipelineStages& stages,
+                                   spec::PipelineSchedule kind, int64_t micro_batch, int64_t seq,
+                                   profile::Tracer* tracer)
+    : model_(model), pp_(pp), stages_(stages), kind_(kind), micro_batch_(micro_batch), seq_(seq), tracer_(tracer),
+      rank_(pp.rank()), size_(pp.size()) {
+  const int K = stages_.chunks();
+  for (int c = 0; c < stages_.v; ++c) {
+    const int g = c * size_ + rank_;
+    const int64_t first = stages_.first_layer(g);
+    chunks_.push_back({first, first + stages_.layers[static_cast<size_t>(g)], g == 0, g == K - 1});
+  }
+  slots_.resize(chunks_.size());
+}
+
+uint64_t PipelineExecutor::tag(int micro_batch, int global_chunk, bool backward) const {
+  return kPipelineTag + ((static_cast<uint64_t>(micro_batch) * static_cast<uint64_t>(stages_.chunks()) +
+                          static_cast<uint64_t>(global_chunk)) << 1) + (backward ? 1 : 0);
+}
+
+model::ActivationContext& PipelineExecutor::context(int chunk, int micro_batch, bool acquire) {
+  auto& slots = slots_[static_cast<size_t>(chunk)];
+  for (auto& s : slots)
+    if (s.micro_batch == micro_batch) return s.ctx;
+  if (!acquire)
+    throw Error("internal: pipeline micro-batch " + std::to_string(micro_batch) + " of chunk " + std::to_string(chunk) +
+                " has no activations (the schedule runs its backward before its forward)");
+  for (auto& s : slots)
+    if (s.micro_batch < 0) {
+      s.micro_batch = micro_batch;
+      return s.ctx;
+    }
+  slots.push_back({model_.make_context(micro_batch_, seq_, chunks_[static_cast<size_t>(chunk)]), micro_batch});
+  return slots.back().ctx;
+}
+
+void PipelineExecutor::release(int chunk, int micro_batch) {
+  for (auto& s : slots_[static_cast<size_t>(chunk)])
+    if (s.micro_batch == micro_batch) s.micro_batch = -1;
+}
+
+bool PipelineExecutor::receives(const spec::PipelineAction& a) const {
+  const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+  return a.pass == spec::Pass::Forward ? !ch.embeddings : !ch.head;
+}
+
+bool PipelineExecutor::sends(const spec::PipelineAction& a) const {
+  const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+  return a.pass == spec::Pass::Forward ? !ch.head : !ch.embeddings;
+}
+
+comm::ProcessGroup::PeerOp PipelineExecutor::receive_of(const spec::PipelineAction& a) {
+  const int g = a.chunk * size_ + rank_;
+  const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+  if (a.pass == spec::Pass::Forward) {
+    // The previous chunk's output, into this chunk's input row of the residual stream.
+    const Tensor& in = context(a.chunk, a.micro_batch, true).residual[static_cast<size_t>(ch.first)];
+    return {false, in.raw(), static_cast<size_t>(in.numel()), DType::F32, stages_.rank_of(g - 1), tag(a.micro_batch, g, false)};
+  }
+  const Tensor& d = context(a.chunk, a.micro_batch, false).d_res;
+  return {false, d.raw(), static_cast<size_t>(d.numel()), DType::F32, stages_.rank_of(g + 1), tag(a.micro_batch, g, true)};
+}
+
+comm::ProcessGroup::PeerOp PipelineExecutor::send_of(const spec::PipelineAction& a) {
+  const int g = a.chunk * size_ + rank_;
+  const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+  auto& c = context(a.chunk, a.micro_batch, false);
+  if (a.pass == spec::Pass::Forward) {
+    const Tensor& out = c.residual[static_cast<size_t>(ch.last)];
+    return {true, out.raw(), static_cast<size_t>(out.numel()), DType::F32, stages_.rank_of(g + 1),
+            tag(a.micro_batch, g + 1, false)};
+  }
+  return {true, c.d_res.raw(), static_cast<size_t>(c.d_res.numel()), DType::F32, stages_.rank_of(g - 1),
+          tag(a.micro_batch, g - 1, true)};
+}
+
+double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, const Tensor& tokens,
+                             const Tensor& targets, const Fill& fill, float grad_scale) {
+  double loss = 0;
+  comm::Work pending;  // the previous action's send with this action's receive
+  auto wait = [&] {
+    profile::Span span(tracer_, "pp_transfer_wait", profile::Category::Communication);
+    const auto t0 = std::chrono::steady_clock::now();
+    pending.wait();
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pending = comm::Work();
+  };
+  if (!actions.empty() && receives(actions.front())) {
+    const auto r = receive_of(actions.front());
+    pending = pp_.send_recv_many({&r, 1});
+  }
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const auto& a = actions[i];
+    wait();  // this action's input (and the previous action's send) are done
+    const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+    auto& c = context(a.chunk, a.micro_batch, a.pass == spec::Pass::Forward);
+    if (a.pass == spec::Pass::Forward) {
+      if (ch.embeddings || ch.head) fill(a.micro_batch);
+      const double l = model_.forward_chunk(c, ch, &tokens, &targets, grad_scale);
+      if (ch.head) loss += l;
+    } else if (a.pass == spec::Pass::Backward) {
+      model_.backward_chunk(c, ch);
+    } else {
+      throw Error("internal: the pipeline executor runs whole backward passes, not split ones");
+    }
+    // This action's send goes out with the next action's receive. A context whose backward is done, or
+    // an evaluation forward's, is free once its send has gone.
+    std::vector<comm::ProcessGroup::PeerOp> ops;
+    if (sends(a)) ops.push_back(send_of(a));
+    if (i + 1 < actions.size() && receives(actions[i + 1])) ops.push_back(receive_of(actions[i + 1]));
+    if (!ops.empty()) pending = pp_.send_recv_many(ops);
+    if (a.pass != spec::Pass::Forward || grad_scale <= 0) {
+      wait();
+      release(a.chunk, a.micro_batch);
+    }
+  }
+  wait();
+  return loss;
+}
+
+double PipelineExecutor::train(int micro_batches, const Tensor& tokens, const Tensor& targets, const Fill& fill,
+                               float grad_scale) {
+  const auto plan = spec::build_pipeline_schedule(kind_, size_, stages_.v, micro_batches);
+  return run(plan.ranks[static_cast<size_t>(rank_)], tokens, targets, fill, grad_scale);
+}
+
+double PipelineExecutor::evaluate(int micro_batches, const Tensor& tokens, const Tensor& targets, const Fill& fill) {
+  // Forwards only, micro-batch by micro-batch through every chunk: each waits only on chunks earlier in
+  // the same order on other ranks, so it cannot deadlock.
+  std::vector<spec::PipelineAction> actions;
+  for (int m = 0; m < micro_batches; ++m)
+    for (int c = 0; c < stages_.v; ++c) actions.push_back({m, c, spec::Pass::Forward});
+  return run(actions, tokens, targets, fill, 0.0f);
+}
+
+}  // namespace loom::train
