@@ -30,4 +30,11 @@ inline double max_rel_diff(const std::vector<double>& a, const std::vector<doubl
   return worst;
 }
 
+// How many times `what` occurs in `text` (e.g. PASS lines in `loom verify`'s report).
+inline int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace loom::test

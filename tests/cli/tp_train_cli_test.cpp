@@ -60,12 +60,6 @@ fs::path train(const std::string& name, int ranks, const std::string& sets) {
   return dir;
 }
 
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 // Issue 12 item 6: tp 2 and 4 with and without sequence parallelism (and without overlap), dp 2 x tp 2
 // under ZeRO 0-3, GPT-2 and Llama with fewer KV heads than tp,
 // fp32 at 1e-5 and bf16 at 1e-2, with gradient accumulation (two micro-batches per rank).

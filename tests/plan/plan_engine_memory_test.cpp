@@ -11,6 +11,7 @@
 #include "../cli/cli_runner.h"
 #include "loom/error.h"
 #include "loom/plan/engine_memory.h"
+#include "loom/spec/pipeline_stages.h"
 #include "loom/spec/transformer_config.h"
 
 namespace loom::test {
@@ -70,10 +71,69 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
   }
 }
 
+// Pipeline parallelism: rank 0 holds the first stage's chunks and one activation context per micro-batch
+// the schedule keeps in flight there (1F1B: pp; GPipe: all m; interleaved: per chunk), so the measured
+// activation peak is the schedule's promise on memory, predicted to the byte.
+struct PipeCase {
+  const char* preset;
+  const char* precision;
+  int pp, dp, zero, tp;
+  bool sp;
+  const char* schedule;
+  int v;
+  const char* layers;  // explicit cut, or ""
+};
+
+TEST(EngineMemory, PredictsPipelineRankZerosPeakBytesUnderEachSchedule) {
+  const PipeCase cases[] = {
+      {"tiny", "fp32", 2, 1, 0, 1, false, "1f1b", 1, ""},   {"tiny", "fp32", 2, 1, 0, 1, false, "gpipe", 1, ""},
+      {"tiny", "bf16", 2, 1, 0, 1, false, "interleaved-1f1b", 2, ""},
+      {"tiny-llama", "bf16", 2, 1, 0, 1, false, "1f1b", 1, "1,3"},
+      {"tiny", "bf16", 2, 2, 1, 1, false, "1f1b", 1, ""},  {"tiny-llama", "fp32", 2, 1, 0, 2, true, "1f1b", 1, ""},
+      {"tiny", "bf16", 2, 1, 0, 2, false, "gpipe", 1, ""},
+  };
+  for (const PipeCase& c : cases) {
+    auto dir = scratch_dir("engine-mem-pp");
+    const int64_t seq = 32, micro = 2, batch = 8 * c.dp;
+    auto r = run_loom("run -n " + std::to_string(c.pp * c.dp * c.tp) + " -- loom train --quiet --json --set model.preset=" +
+                      c.preset + " --set model.n_layers=4 --set precision=" + c.precision +
+                      " --set data.source=synthetic --set train.steps=2 --set train.eval_every=2 --set train.eval_batches=1"
+                      " --set checkpoint.save_every=0 --set trace.summary=false --set train.seq_len=" + std::to_string(seq) +
+                      " --set train.batch_size=" + std::to_string(batch) + " --set train.micro_batch_size=" +
+                      std::to_string(micro) + " --set parallel.pp=" + std::to_string(c.pp) + " --set parallel.dp=" +
+                      std::to_string(c.dp) + " --set parallel.zero=" + std::to_string(c.zero) + " --set parallel.tp=" +
+                      std::to_string(c.tp) + " --set parallel.sequence_parallel=" + (c.sp ? "true" : "false") +
+                      " --set parallel.pipeline.schedule=" + c.schedule + " --set parallel.pipeline.virtual_stages=" +
+                      std::to_string(c.v) + (*c.layers ? std::string(" --set parallel.pipeline.layers=") + c.layers : "") +
+                      " --set train.out_dir=" + (dir / "out").string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto measured = nlohmann::json::parse(r.out)["peak_bytes_by_category"];
+    plan::Layout l;
+    l.pp = c.pp, l.dp = c.dp, l.zero = c.zero, l.tp = c.tp, l.sp = c.sp, l.micro_batch = micro, l.vpp = c.v;
+    l.schedule = std::string(c.schedule) == "gpipe"   ? plan::Schedule::GPipe
+                 : std::string(c.schedule) == "1f1b" ? plan::Schedule::OneFOneB
+                                                     : plan::Schedule::Interleaved;
+    auto model = spec::preset(c.preset);
+    model.n_layers = 4;
+    const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16",
+                                                    {batch / (c.dp * micro), spec::parse_layer_counts(c.layers, "layers")});
+    const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
+                                                   {"gradients", predicted.gradients},
+                                                   {"optimizer", predicted.optimizer},
+                                                   {"activations", predicted.activations}};
+    for (const auto& [category, bytes] : rows)
+      EXPECT_EQ(bytes, measured[category].get<double>())
+          << c.preset << " " << c.precision << " pp=" << c.pp << " dp=" << c.dp << " zero=" << c.zero << " tp=" << c.tp
+          << " sp=" << c.sp << " " << c.schedule << " v=" << c.v << " layers=" << c.layers << ": " << category;
+  }
+}
+
 TEST(EngineMemory, RefusesLayoutsTheEngineDoesNotRun) {
   plan::Layout l;
-  l.pp = 2;
+  l.cp = 2;
   EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false), ConfigError);
+  l.cp = 1, l.pp = 2, l.dp = 2, l.zero = 2;
+  EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false, {4, {}}), ConfigError);
 }
 
 }  // namespace

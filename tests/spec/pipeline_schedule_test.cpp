@@ -60,6 +60,41 @@ TEST(PipelineSchedule, BubblesAreTheTextbookOnes) {
   EXPECT_LT(zb.idle[0], one_idle);
 }
 
+// The executor's contexts: on the first stage (whose forwards receive nothing) exactly the micro-batches
+// in flight; elsewhere at most one more (a forward's receive is posted while the previous backward sends);
+// validation needs at most two per chunk.
+TEST(PipelineSchedule, TheExecutorHoldsTheContextsTheSchedulePromises) {
+  for (auto kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved1F1B})
+    for (int pp : {2, 4})
+      for (int m : {1, 2, 4, 8}) {
+        const int v = kind == PipelineSchedule::Interleaved1F1B ? 2 : 1;
+        if (kind == PipelineSchedule::Interleaved1F1B && m % pp != 0) continue;
+        const auto plan = build_pipeline_schedule(kind, pp, v, m);
+        const auto run = simulate(plan);
+        for (int r = 0; r < pp; ++r) {
+          SCOPED_TRACE(std::string(schedule_name(kind)) + " pp=" + std::to_string(pp) + " m=" + std::to_string(m) +
+                       " rank " + std::to_string(r));
+          const auto held = contexts_held(plan, r);
+          int total = 0;
+          for (int n : held) total += n;
+          if (v == 1 && r == 0) {
+            EXPECT_EQ(total, run.peak_in_flight[0]);
+          }
+          if (v == 1 && r > 0) {
+            EXPECT_GE(total, run.peak_in_flight[static_cast<size_t>(r)]);
+            EXPECT_LE(total, run.peak_in_flight[static_cast<size_t>(r)] + 1);
+          }
+          if (kind == PipelineSchedule::OneFOneB && r == 0) {
+            EXPECT_EQ(total, std::min(m, pp));
+          }
+          if (kind == PipelineSchedule::GPipe) {
+            EXPECT_GE(total, m);
+          }
+          for (int n : contexts_held(plan, r, true)) EXPECT_LE(n, std::min(m, 2));
+        }
+      }
+}
+
 TEST(PipelineSchedule, OneFOneBInterleavesAfterTheWarmUp) {
   const auto plan = build_pipeline_schedule(PipelineSchedule::OneFOneB, 4, 1, 6);
   // Rank 0: three warm-up forwards, then F3 B0 F4 B1 F5 B2, then B3 B4 B5.

@@ -13,6 +13,8 @@
 #include "loom/comm/job_env.h"
 #include "loom/error.h"
 #include "loom/plan/engine_memory.h"
+#include "loom/spec/pipeline_schedule.h"
+#include "loom/spec/pipeline_stages.h"
 #include "loom/train/session.h"
 
 namespace loom::cli {
@@ -43,7 +45,19 @@ void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
   l.sp = cfg.parallel.sequence_parallel;
   l.zero = static_cast<int>(cfg.parallel.zero);
   l.micro_batch = static_cast<int>(cfg.micro_batch());
-  const auto need = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16);
+  l.pp = static_cast<int>(cfg.parallel.pp);
+  l.vpp = static_cast<int>(cfg.parallel.pipeline_virtual_stages);
+  plan::EnginePipeline pipe{cfg.train.batch_size / (cfg.parallel.dp * cfg.micro_batch()),
+                            spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers")};
+  if (l.pp > 1) {
+    switch (spec::parse_schedule(cfg.parallel.pipeline_schedule)) {
+      case spec::PipelineSchedule::GPipe: l.schedule = plan::Schedule::GPipe; break;
+      case spec::PipelineSchedule::OneFOneB: l.schedule = plan::Schedule::OneFOneB; break;
+      case spec::PipelineSchedule::Interleaved1F1B: l.schedule = plan::Schedule::Interleaved; break;
+      case spec::PipelineSchedule::ZeroBubbleH1: l.schedule = plan::Schedule::ZeroBubble; break;
+    }
+  }
+  const auto need = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16, pipe);
   const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (have > 0 && need.total() * ranks_on_node > have)
@@ -117,6 +131,8 @@ int run_train(const TrainOptions& o) {
     for (const auto& [cat, bytes] : sum.peak_bytes_by_category) j["peak_bytes_by_category"][cat] = bytes;
     for (const auto& [cat, bytes] : sum.live_bytes_by_category) j["live_bytes_by_category"][cat] = bytes;
     if (sum.on_demand_resident_bytes) j["on_demand_resident_bytes"] = *sum.on_demand_resident_bytes;
+    if (const auto& b = sum.pipeline)
+      j["pipeline"] = {{"schedule", b->schedule}, {"idle_by_stage", b->idle}, {"bubble_theory", b->theory}};
     if (const auto& t = sum.step_split)
       j["step_split_ms"] = {{"wall", 1e3 * t->wall},           {"gemm", 1e3 * t->gemm},
                             {"other_kernels", 1e3 * t->kernels}, {"comm_exposed", 1e3 * t->comm_exposed},

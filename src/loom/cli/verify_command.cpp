@@ -60,15 +60,22 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
       const std::string key = kv.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : kv.substr(eq + 1);
       static const std::vector<std::string> known = {"dp", "tp", "pp", "cp", "ep", "zero", "bucket_kb", "sp", "overlap",
-                                                     "v", "schedule"};
+                                                     "v", "schedule", "layers"};
       if (eq == std::string::npos || std::find(known.begin(), known.end(), key) == known.end())
         throw ConfigError(fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, ep, zero, "
-                                      "bucket_kb, sp, overlap, v, schedule (e.g. --layouts "
-                                      "\"dp=1;dp=2;tp=2,sp=1;pp=2,v=2,schedule=interleaved-1f1b\")",
+                                      "bucket_kb, sp, overlap, v, schedule, layers (e.g. --layouts "
+                                      "\"dp=1;dp=2;tp=2,sp=1;pp=2,v=2,schedule=interleaved-1f1b;pp=2,layers=1/3\")",
                                       kv, item));
       // The pipeline schedule is a name; every other key a number.
       if (key == "schedule") {
         l.sets.push_back("parallel.pipeline.schedule=" + value);
+        continue;
+      }
+      // An explicit pipeline cut, blocks per chunk separated by '/' (',' separates keys here).
+      if (key == "layers") {
+        std::string list = value;
+        std::replace(list.begin(), list.end(), '/', ',');
+        l.sets.push_back("parallel.pipeline.layers=" + list);
         continue;
       }
       char* endp = nullptr;

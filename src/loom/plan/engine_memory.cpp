@@ -1,11 +1,14 @@
 #include "loom/plan/engine_memory.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/error.h"
 #include "loom/spec/param_table.h"
+#include "loom/spec/pipeline_schedule.h"
+#include "loom/spec/pipeline_stages.h"
 #include "loom/spec/shard_plan.h"
 
 namespace loom::plan {
@@ -40,60 +43,105 @@ std::vector<Unit> units_of(spec::ParamTable table, int64_t n_layers, int dp) {
   return units;
 }
 
-// Activations of one micro-batch context on tp rank 0, as model::Transformer::make_context allocates
-// them, plus the trainer's token and target buffers and, under tensor parallelism, the scratch of
-// parallel::TensorParallelOps (each slot sized by the largest use; the sequence-parallel ones only
-// with SP).
-double activation_bytes(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp,
-                        bool sp, bool bf16) {
-  const double N = static_cast<double>(B * T), C = static_cast<double>(c.d_model);
-  const double D = static_cast<double>(c.head_dim());
-  const double H = static_cast<double>(c.n_heads / tp);
-  const double KV = static_cast<double>(c.n_kv_heads >= tp ? c.n_kv_heads / tp : 1);
-  const double F = static_cast<double>(c.d_ff / tp);
-  const bool llama = c.arch == spec::Arch::Llama;
-  const double V = static_cast<double>(table.at(llama ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0]);
-  const double QKV = (H + 2.0 * KV) * D;
-  const double HPRE = llama ? 2 * F : F;
-  const double R = sp ? N / tp : N;                          // residual-stream rows on this rank
-  const double lp = bf16 ? 2 : 0;                            // bf16 copies of GEMM inputs
-  const double norm_out = bf16 ? 0 : 4;                      // f32 norm / activation outputs (bf16: one scratch)
-  double layer = 4 * R * (2 + C + 2) + 4 * N * (QKV + H + H * D + HPRE)  // norm stats, x_mid; qkv, lse, att, h_pre
-                 + norm_out * (2 * R * C + N * F)                         // n1_out, n2_out, h_act
-                 + lp * (2 * R * C + N * (H * D + F));                    // n1_lp, n2_lp, att_lp, h_act_lp
-  double total = static_cast<double>(c.n_layers) * layer;
-  total += 4 * R * C * static_cast<double>(c.n_layers + 1);  // residual stream
-  if (bf16) total += 4 * std::max(R * C, N * F);             // the shared f32 scratch
-  total += 4 * R * 2 + norm_out * R * C + lp * R * C;        // final norm
-  total += 4 * N * V + 4 * N;                                // logits (dlogits), losses
-  total += 4 * (2 * R * C + N * (H * D + QKV + F + HPRE));   // backward scratch
-  total += 4 * N * 2 * 2;                                    // tokens + targets, context and trainer
-  if (llama) total += 4.0 * static_cast<double>(c.max_seq) * D;  // RoPE cos + sin tables
+// Which of the model's pieces a rank's activations cover: its chunks' blocks, the embeddings, the head.
+struct RankPart {
+  int64_t blocks = 0;  // blocks over all of its chunks
+  bool embeddings = true, head = true;
+};
+
+// The widths of rank 0's tensor-parallel shard at micro-batch [B, T].
+struct Widths {
+  double N, C, D, H, KV, F, V, QKV, HPRE, R;
+  Widths(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp, bool sp) {
+    N = static_cast<double>(B * T), C = static_cast<double>(c.d_model), D = static_cast<double>(c.head_dim());
+    H = static_cast<double>(c.n_heads / tp);
+    KV = static_cast<double>(c.n_kv_heads >= tp ? c.n_kv_heads / tp : 1);
+    F = static_cast<double>(c.d_ff / tp);
+    const bool llama = c.arch == spec::Arch::Llama;
+    V = static_cast<double>(table.at(llama ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0]);
+    QKV = (H + 2.0 * KV) * D;
+    HPRE = llama ? 2 * F : F;
+    R = sp ? N / tp : N;  // residual-stream rows on this rank
+  }
+};
+
+// One activation context as model::Transformer::make_context allocates it for a chunk of `blocks`
+// blocks (with the head or not).
+double context_bytes(const Widths& w, int64_t blocks, bool head, bool sp, bool bf16) {
+  const double N = w.N, C = w.C, H = w.H, D = w.D, F = w.F, R = w.R;
+  const double lp = bf16 ? 2 : 0;        // bf16 copies of GEMM inputs
+  const double norm_out = bf16 ? 0 : 4;  // f32 norm / activation outputs (bf16: one scratch)
+  const double layer = 4 * R * (2 + C + 2) + 4 * N * (w.QKV + H + H * D + w.HPRE)  // norm stats, x_mid; qkv, lse, att, h_pre
+                       + norm_out * (2 * R * C + N * F)                            // n1_out, n2_out, h_act
+                       + lp * (2 * R * C + N * (H * D + F));                       // n1_lp, n2_lp, att_lp, h_act_lp
+  double total = static_cast<double>(blocks) * layer;
+  total += 4 * R * C * static_cast<double>(blocks + 1);  // residual stream, the chunk's input to its output
+  if (bf16) total += 4 * std::max(R * C, N * F);         // the shared f32 scratch
+  if (head) {
+    total += 4 * R * 2 + norm_out * R * C + lp * R * C;  // final norm
+    total += 4 * N * w.V + 4 * N;                        // logits (dlogits), losses
+  }
+  total += 4 * (2 * R * C + N * (H * D + w.QKV + F + w.HPRE));  // backward scratch
+  total += 4 * N * 2;                                           // the context's tokens + targets
+  if (sp) total += 4 * 4 * C;                                   // partial norm gradients
+  return total;
+}
+
+// What a rank holds once beside its contexts: the trainer's token and target buffers, RoPE tables and,
+// under tensor parallelism, the scratch of parallel::TensorParallelOps (each slot sized by its largest
+// use and allocated by the first: the embedding's, the blocks', the loss's).
+double rank_activation_bytes(const spec::TransformerConfig& c, const Widths& w, const RankPart& part, int tp, bool sp,
+                             bool bf16) {
+  const double N = w.N, C = w.C, R = w.R;
+  double total = 4 * N * 2;  // the trainer's tokens + targets
+  if (c.arch == spec::Arch::Llama) total += 4.0 * static_cast<double>(c.max_seq) * w.D;  // RoPE cos + sin tables
   if (tp > 1) {
-    total += 4 * N * C;                    // partial products of row-parallel linears (and the SP embedding)
-    total += 4 * N + 12 * N + 12 * N * tp;  // local tokens; cross-entropy partials, gathered
-    if (c.n_kv_heads < tp) {                // shared KV rows: saved gradient, gathered over the group
-      const double shared = 2 * KV * D * C;
+    const bool blocks = part.blocks > 0;
+    if (blocks || part.embeddings) total += 4 * N * C;  // partial products of row-parallel linears (and the embedding)
+    if (part.embeddings) total += 4 * N;                 // local tokens
+    if (part.head) total += 12 * N + 12 * N * tp;        // cross-entropy partials, gathered
+    if (blocks && c.n_kv_heads < tp) {                   // shared KV rows: saved gradient, gathered over the group
+      const double shared = 2 * w.KV * w.D * C;
       total += 4 * shared * (1 + tp);
     }
-    if (sp) {
+    if (sp && blocks) {
       total += (bf16 ? 2 : 4) * N * C;  // all-gathered input of a column-parallel linear
       total += 4 * N * C + 4 * N * C;   // all-gathered output gradient; input gradient before reduce-scatter
-      total += 4 * R * C;               // reduce-scattered rows of a row-parallel output
-      total += 4 * 4 * C;               // partial norm gradients
     }
+    if (sp && (blocks || part.embeddings)) total += 4 * R * C;  // reduce-scattered rows of a row-parallel output
   }
   return total;
 }
 
+spec::PipelineSchedule engine_schedule(Schedule s) {
+  switch (s) {
+    case Schedule::GPipe: return spec::PipelineSchedule::GPipe;
+    case Schedule::OneFOneB: return spec::PipelineSchedule::OneFOneB;
+    case Schedule::Interleaved: return spec::PipelineSchedule::Interleaved1F1B;
+    case Schedule::ZeroBubble: return spec::PipelineSchedule::ZeroBubbleH1;
+  }
+  return spec::PipelineSchedule::OneFOneB;
+}
+
 }  // namespace
 
-EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16) {
-  if (l.pp != 1 || l.cp != 1 || l.ep != 1)
-    throw ConfigError("Loom's engine runs data and tensor parallelism (pp = cp = ep = 1), not " + l.str());
+EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
+                                const EnginePipeline& pipe) {
+  if (l.cp != 1 || l.ep != 1)
+    throw ConfigError("Loom's engine runs data, tensor and pipeline parallelism (cp = ep = 1), not " + l.str());
   // Rank 0's shard: under tp every rank holds the same amount, padding of the vocabulary aside (rank 0
-  // holds whole rows and, with fewer KV heads than tp, the same one-head piece as every rank).
-  const auto table = spec::build_param_table(cfg, {0, l.tp});
+  // holds whole rows and, with fewer KV heads than tp, the same one-head piece as every rank); under pp
+  // the first stage's chunks, with the embeddings.
+  spec::TableShard shard{0, l.tp};
+  std::optional<spec::PipelineStages> stages;
+  if (l.pp > 1) {
+    if (l.zero >= 2 && l.dp > 1)
+      throw ConfigError("Loom's engine runs pipeline parallelism with ZeRO 0 or 1, not " + l.str());
+    stages = spec::cut_pipeline(cfg, seq, l.pp, l.vpp, pipe.layers);
+    const spec::TableShard stage = stages->shard_of(0);
+    shard = stage, shard.tp_rank = 0, shard.tp_size = l.tp;
+  }
+  const auto table = spec::build_param_table(cfg, shard);
   const int dp = l.dp, stage = dp > 1 ? l.zero : 0;  // alone, every stage is the plain run
   const auto units = units_of(table, cfg.n_layers, dp);
   const double total = static_cast<double>(table.total_numel());
@@ -134,7 +182,28 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
                                  std::max(gathered_grads(head) + largest_block_grads, 2 * largest_block_grads)
                            : total * 4;
   m.optimizer = (stage >= 1 ? owned : total) * 8;  // AdamW m and v in f32
-  m.activations = activation_bytes(cfg, table, l.micro_batch, seq, l.tp, l.sp && l.tp > 1, bf16);
+  const bool sp = l.sp && l.tp > 1;
+  const Widths w(cfg, table, l.micro_batch, seq, l.tp, sp);
+  if (!stages) {
+    m.activations = context_bytes(w, cfg.n_layers, true, sp, bf16) +
+                    rank_activation_bytes(cfg, w, RankPart{cfg.n_layers, true, true}, l.tp, sp, bf16);
+    return m;
+  }
+  // The executor keeps one context per micro-batch it holds at once on each chunk, training or validating.
+  const auto plan = spec::build_pipeline_schedule(engine_schedule(l.schedule), l.pp, l.vpp,
+                                                  static_cast<int>(pipe.micro_batches));
+  const auto training = spec::contexts_held(plan, 0), validating = spec::contexts_held(plan, 0, true);
+  RankPart part{0, true, false};
+  for (int c = 0; c < l.vpp; ++c) {
+    const int g = plan.global_chunk(0, c);
+    const int64_t blocks = stages->layers[static_cast<size_t>(g)];
+    const bool head = g == stages->chunks() - 1;
+    part.blocks += blocks, part.head = part.head || head;
+    const int n = std::max(training[static_cast<size_t>(c)], validating[static_cast<size_t>(c)]);
+    m.activations += n * context_bytes(w, blocks, head, sp, bf16);
+  }
+  m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16);
+  return m;
   return m;
 }
 

@@ -1,6 +1,6 @@
 // What Loom's own engine holds per rank, in the categories its allocator reports (parameters,
 // gradients, optimizer, activations), for the layouts it runs today (data parallelism with ZeRO 0-3,
-// tensor parallelism with or without sequence parallelism):
+// tensor parallelism with or without sequence parallelism, pipeline parallelism with ZeRO 0-1):
 // the planner's prediction of `loom train --json`'s peak_bytes_by_category, derived from the model
 // description alone. It mirrors the engine's buffers (model/activations.h, spec/shard_plan.h,
 // parallel/zero_engine.*) and differs from the Megatron-style memory model (memory_model.h) in its
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "loom/plan/layout.h"
 #include "loom/spec/transformer_config.h"
@@ -21,9 +22,18 @@ struct EngineMemory {
   double total() const { return state() + activations; }
 };
 
-// Peak bytes per category of rank 0 for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch;
-// pp, cp, ep must be 1) at sequence length `seq`, in bf16 or fp32 mode. Checkpoint saves are not in it
-// (rank 0 then gathers whole tensors for a while).
-EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16);
+// Under pipeline parallelism: the micro-batches of one step per pipeline (the schedule's m) and an
+// explicit cut (blocks per chunk; empty: balanced as the engine cuts), which decide rank 0's chunks
+// and how many activation contexts it holds (spec::contexts_held).
+struct EnginePipeline {
+  int64_t micro_batches = 1;
+  std::vector<int64_t> layers;
+};
+
+// Peak bytes per category of rank 0 for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch,
+// pp with its schedule and vpp; cp, ep must be 1; ZeRO 2/3 not with pp) at sequence length `seq`, in
+// bf16 or fp32 mode. Checkpoint saves are not in it (rank 0 then gathers whole tensors for a while).
+EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
+                                const EnginePipeline& pipe = {});
 
 }  // namespace loom::plan

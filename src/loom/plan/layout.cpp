@@ -76,9 +76,14 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (l.sp && l.tp == 1) return div("sequence parallelism needs tp > 1");
   if (l.sp && (j.seq / l.cp) % l.tp) return div("sequence parallelism needs seq/cp divisible by tp");
   if (l.zero < 0 || l.zero > 3) return div("ZeRO stage must be 0..3");
-  if (j.software.loom_engine && (l.pp > 1 || l.cp > 1 || l.ep > 1 || l.recompute != Recompute::None))
+  if (j.software.loom_engine && (l.cp > 1 || l.ep > 1 || l.recompute != Recompute::None))
     return {Reject::Engine,
-            "Loom's engine runs data and tensor parallelism (dp x ZeRO x tp, sp) only: pp, cp, ep and recompute wait for it"};
+            "Loom's engine runs data, tensor and pipeline parallelism (dp x ZeRO x tp, sp x pp) only: cp, ep and "
+            "recompute wait for it"};
+  if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble)
+    return {Reject::Engine, "Loom's engine does not run the zero-bubble schedule yet"};
+  if (j.software.loom_engine && l.pp > 1 && l.zero >= 2 && l.dp > 1)
+    return {Reject::Engine, "Loom's engine runs pipeline parallelism with ZeRO 0 or 1 (ZeRO-2/3 reduce per micro-batch backward)"};
   if (l.zero > 0 && l.dp == 1) return div("ZeRO needs dp > 1");
   if (l.ep > 1) {
     if (!j.model.is_moe()) return div("ep > 1 needs a mixture-of-experts model");

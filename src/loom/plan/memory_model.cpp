@@ -125,7 +125,7 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
 
 MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
   if (j.software.loom_engine) {
-    const EngineMemory e = loom_engine_memory(j.model.cfg, l, j.seq, j.precision == "bf16");
+    const EngineMemory e = loom_engine_memory(j.model.cfg, l, j.seq, j.precision == "bf16", {micro_batches(l, j), {}});
     MemoryBreakdown m;
     m.weights = e.parameters, m.grads = e.gradients, m.optimizer = e.optimizer, m.activations = e.activations;
     m.total = e.total();

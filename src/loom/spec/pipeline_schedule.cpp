@@ -290,6 +290,40 @@ ScheduleRun simulate(const PipelinePlan& plan) {
   return out;
 }
 
+std::vector<PipelineAction> evaluation_order(int v, int micro_batches) {
+  std::vector<PipelineAction> actions;
+  for (int m = 0; m < micro_batches; ++m)
+    for (int c = 0; c < v; ++c) actions.push_back({m, c, Pass::Forward});
+  return actions;
+}
+
+std::vector<int> contexts_held(const PipelinePlan& plan, int rank, bool evaluation) {
+  const auto& actions = evaluation ? evaluation_order(plan.v, plan.micro_batches) : plan.ranks.at(static_cast<size_t>(rank));
+  std::vector<int> held(static_cast<size_t>(plan.v), 0), peak(held);
+  std::vector<std::vector<int>> taken(static_cast<size_t>(plan.v));  // micro-batches holding one, per chunk
+  auto take = [&](const PipelineAction& a) {
+    auto& t = taken[static_cast<size_t>(a.chunk)];
+    if (a.pass != Pass::Forward || std::find(t.begin(), t.end(), a.micro_batch) != t.end()) return;
+    t.push_back(a.micro_batch);
+    peak[static_cast<size_t>(a.chunk)] = std::max(peak[static_cast<size_t>(a.chunk)], ++held[static_cast<size_t>(a.chunk)]);
+  };
+  // A forward receives unless its chunk is the model's first.
+  auto receives = [&](const PipelineAction& a) { return a.pass == Pass::Forward && plan.global_chunk(rank, a.chunk) != 0; };
+  if (!actions.empty() && receives(actions.front())) take(actions.front());
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const auto& a = actions[i];
+    take(a);
+    if (i + 1 < actions.size() && receives(actions[i + 1])) take(actions[i + 1]);
+    // The last backward of a micro-batch on a chunk (Backward, or BackwardWeight when split) gives it back.
+    if (a.pass == Pass::Backward || a.pass == Pass::BackwardWeight || evaluation) {
+      auto& t = taken[static_cast<size_t>(a.chunk)];
+      t.erase(std::remove(t.begin(), t.end(), a.micro_batch), t.end());
+      --held[static_cast<size_t>(a.chunk)];
+    }
+  }
+  return peak;
+}
+
 double theoretical_bubble(const PipelinePlan& plan) {
   const double p = plan.pp, m = plan.micro_batches;
   switch (plan.kind) {

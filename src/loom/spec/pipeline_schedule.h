@@ -54,6 +54,19 @@ struct ScheduleRun {
 };
 ScheduleRun simulate(const PipelinePlan& plan);
 
+// Activation contexts the pipeline executor (train::PipelineExecutor) holds at its peak on `rank`, per
+// local chunk: a forward takes one (when its input is received, that is when the previous action's
+// transfers are posted, else when it runs) and a backward gives it back once its send is done. On a
+// rank whose forwards receive nothing (the first stage) this is the schedule's micro-batches in flight;
+// elsewhere a forward's receive may be posted while the previous backward still sends, one more.
+// evaluation: the forward-only order of `evaluation_order` instead of the plan's, each forward giving
+// its context back once its send is done.
+std::vector<int> contexts_held(const PipelinePlan& plan, int rank, bool evaluation = false);
+
+// Forwards only (validation), micro-batch by micro-batch through a rank's chunks: each waits only on
+// chunks earlier in the same order on other ranks, so it cannot deadlock.
+std::vector<PipelineAction> evaluation_order(int v, int micro_batches);
+
 // The textbook bubble fraction: (p - 1) / (m + p - 1) for GPipe and 1F1B, divided by v for interleaved,
 // and for zb-h1 the simulation's (W passes fill part of it).
 double theoretical_bubble(const PipelinePlan& plan);

@@ -1,6 +1,7 @@
 #include "loom/train/pipeline_executor.h"
 
 #include <chrono>
+#include <span>
 
 #include "loom/error.h"
 
@@ -90,16 +91,24 @@ double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, c
                              const Tensor& targets, const Fill& fill, float grad_scale) {
   double loss = 0;
   comm::Work pending;  // the previous action's send with this action's receive
-  auto wait = [&] {
-    profile::Span span(tracer_, "pp_transfer_wait", profile::Category::Communication);
+  // Both halves count as waiting: a small exchange runs inline, inside send_recv_many, when nothing is
+  // queued ahead of it (comm::ProcessGroup::submit), a large one on the progress thread until wait().
+  auto timed = [&](const char* name, auto&& body) {
+    profile::Span span(tracer_, name, profile::Category::Communication);
     const auto t0 = std::chrono::steady_clock::now();
-    pending.wait();
+    body();
     wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto post = [&](std::span<const comm::ProcessGroup::PeerOp> ops) {
+    timed("pp_transfer_post", [&] { pending = pp_.send_recv_many(ops); });
+  };
+  auto wait = [&] {
+    timed("pp_transfer_wait", [&] { pending.wait(); });
     pending = comm::Work();
   };
   if (!actions.empty() && receives(actions.front())) {
     const auto r = receive_of(actions.front());
-    pending = pp_.send_recv_many({&r, 1});
+    post({&r, 1});
   }
   for (size_t i = 0; i < actions.size(); ++i) {
     const auto& a = actions[i];
@@ -120,7 +129,7 @@ double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, c
     std::vector<comm::ProcessGroup::PeerOp> ops;
     if (sends(a)) ops.push_back(send_of(a));
     if (i + 1 < actions.size() && receives(actions[i + 1])) ops.push_back(receive_of(actions[i + 1]));
-    if (!ops.empty()) pending = pp_.send_recv_many(ops);
+    if (!ops.empty()) post(ops);
     if (a.pass != spec::Pass::Forward || grad_scale <= 0) {
       wait();
       release(a.chunk, a.micro_batch);
@@ -136,13 +145,12 @@ double PipelineExecutor::train(int micro_batches, const Tensor& tokens, const Te
   return run(plan.ranks[static_cast<size_t>(rank_)], tokens, targets, fill, grad_scale);
 }
 
+double PipelineExecutor::theoretical_bubble(int micro_batches) const {
+  return spec::theoretical_bubble(spec::build_pipeline_schedule(kind_, size_, stages_.v, micro_batches));
+}
+
 double PipelineExecutor::evaluate(int micro_batches, const Tensor& tokens, const Tensor& targets, const Fill& fill) {
-  // Forwards only, micro-batch by micro-batch through every chunk: each waits only on chunks earlier in
-  // the same order on other ranks, so it cannot deadlock.
-  std::vector<spec::PipelineAction> actions;
-  for (int m = 0; m < micro_batches; ++m)
-    for (int c = 0; c < stages_.v; ++c) actions.push_back({m, c, spec::Pass::Forward});
-  return run(actions, tokens, targets, fill, 0.0f);
+  return run(spec::evaluation_order(stages_.v, micro_batches), tokens, targets, fill, 0.0f);
 }
 
 }  // namespace loom::train

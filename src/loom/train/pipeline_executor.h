@@ -35,6 +35,15 @@ class PipelineExecutor {
 
   // Seconds this thread waited on pipeline transfers (cumulative): the bubble plus exposed transfers.
   double wait_seconds() const { return wait_seconds_; }
+  // Activation contexts allocated so far, per local chunk (they are kept and reused step after step):
+  // spec::contexts_held of the schedules run.
+  std::vector<int> contexts_allocated() const {
+    std::vector<int> n;
+    for (const auto& s : slots_) n.push_back(static_cast<int>(s.size()));
+    return n;
+  }
+  // The schedule's textbook bubble fraction at this many micro-batches (spec::theoretical_bubble).
+  double theoretical_bubble(int micro_batches) const;
 
  private:
   double run(const std::vector<spec::PipelineAction>& actions, const Tensor& tokens, const Tensor& targets,

@@ -344,15 +344,20 @@ void RunConfig::validate() const {
            "parallel.pp, parallel.zero = 0..3; cp and ep 1)");
   need(p.pipeline_virtual_stages == 1 || p.pp > 1,
        "parallel.pipeline.virtual_stages = " + s(p.pipeline_virtual_stages) + " needs parallel.pp > 1");
+  need(p.pipeline_layers.empty() || p.pp > 1,
+       "parallel.pipeline.layers = \"" + p.pipeline_layers + "\" cuts a pipeline, which needs parallel.pp > 1");
   if (p.pp > 1) {
     // The schedule and the cut must be possible before any rank starts.
     const auto kind = spec::parse_schedule(p.pipeline_schedule);
     need(kind != spec::PipelineSchedule::ZeroBubbleH1,
          "parallel.pipeline.schedule = \"zb-h1\" is built and checked but not run yet: use \"1f1b\" or \"interleaved-1f1b\"");
-    need(p.tp == 1, "parallel.pp = " + s(p.pp) + " with parallel.tp = " + s(p.tp) +
-                        " is not supported yet: pipeline parallelism runs with tp = 1 in this build");
-    need(p.zero == 0, "parallel.pp = " + s(p.pp) + " with parallel.zero = " + s(p.zero) +
-                          " is not supported yet: ZeRO's per-unit reductions assume one backward per step; use zero = 0");
+    // ZeRO-1 reduces every gradient once, after the schedule; ZeRO-2/3 keep no whole gradient and reduce
+    // (and free) each block's during its backward, once per micro-batch, in the order of one backward.
+    need(p.zero <= 1 || p.dp == 1,
+         "parallel.pp = " + s(p.pp) + " with parallel.zero = " + s(p.zero) +
+             " is not supported: ZeRO-2/3 reduce and free each block's gradients during every micro-batch's "
+             "backward, which a pipeline schedule interleaves across micro-batches; use parallel.zero = 1 "
+             "(optimizer state sharded over dp) or 0");
     const int64_t share = train.batch_size / std::max<int64_t>(p.dp, 1);
     spec::build_pipeline_schedule(kind, static_cast<int>(p.pp), static_cast<int>(p.pipeline_virtual_stages),
                                   static_cast<int>(std::max<int64_t>(1, share / std::max<int64_t>(micro_batch(), 1))));

@@ -65,6 +65,10 @@ void MetricsLog::write(const StepMetrics& s) {
     j["exposed_comm_s"] = s.exposed_comm_seconds;
     j["comm_cpu_s"] = s.comm_cpu_seconds;
   }
+  if (!s.pipeline_idle.empty()) {
+    j["pp_idle"] = s.pipeline_idle;
+    j["pp_bubble_theory"] = s.pipeline_bubble_theory;
+  }
   std::string line = j.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), file_.get());
   std::fflush(file_.get());

@@ -168,6 +168,8 @@ SessionSummary Session::run() {
   install_preemption_handlers();
 
   std::vector<double> tps, mfus, exposed, comm_cpu, step_s;
+  std::vector<std::vector<double>> pp_idle;  // per pipeline rank, per step after the warm-up
+  double pp_theory = 0;
   // The first steps pay for primitive creation and page faults; exclude them from the summary.
   const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
   const bool progress = sum.lead && out_.wants_progress();
@@ -205,6 +207,9 @@ SessionSummary Session::run() {
     if (s.step > warmup) {
       tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
       exposed.push_back(s.exposed_comm_seconds), comm_cpu.push_back(s.comm_cpu_seconds), step_s.push_back(s.step_seconds);
+      pp_idle.resize(s.pipeline_idle.size());
+      for (size_t r = 0; r < s.pipeline_idle.size(); ++r) pp_idle[r].push_back(s.pipeline_idle[r]);
+      pp_theory = s.pipeline_bubble_theory;
     }
     if (s.step == warmup) tracer.reset_stats();
     if (!progress || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
@@ -256,6 +261,18 @@ SessionSummary Session::run() {
     say(fmt::format("communication per step (median, data- and tensor-parallel): exposed {:.1f} ms ({:.1f}% of the "
                     "step), communication CPU {:.1f} ms",
                     1e3 * median(exposed), 100 * median(exposed) / median(step_s), 1e3 * median(comm_cpu)));
+  if (!pp_idle.empty()) {
+    SessionSummary::PipelineBubble b{cfg.parallel.pipeline_schedule, {}, pp_theory};
+    std::string stages;
+    for (size_t r = 0; r < pp_idle.size(); ++r) {
+      b.idle.push_back(median(pp_idle[r]));
+      stages += fmt::format("{}stage {} {:.1f}%", r ? ", " : "", r, 100 * b.idle.back());
+    }
+    say(fmt::format("pipeline idle per step (median, waits on transfers over the schedule's time): {} | {} theory "
+                    "{:.1f}%",
+                    stages, b.schedule, 100 * b.theory));
+    sum.pipeline = std::move(b);
+  }
   if (world) {
     const std::string t = memory_table(alloc, world->group());  // collective: every rank takes part
     say(t);

@@ -57,6 +57,14 @@ struct SessionSummary {
     double wall = 0, gemm = 0, kernels = 0, comm_exposed = 0, comm_in_flight = 0, comm_hidden = 0, host = 0;
   };
   std::optional<StepSplit> step_split;
+  // Pipeline parallelism: each stage's median idle fraction of the schedule over the steps after the
+  // first ones (StepMetrics::pipeline_idle), beside the schedule's theoretical bubble.
+  struct PipelineBubble {
+    std::string schedule;
+    std::vector<double> idle;  // per pipeline rank
+    double theory = 0;
+  };
+  std::optional<PipelineBubble> pipeline;
 
   // 0 finished; 128 + signal when preempted (143 for SIGTERM): torchrun-style agents read it as
   // "stopped, resumable".

@@ -88,6 +88,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   parallel::DataParallel& dp = *data_parallel_;
   dp.begin_step();
   double loss_sum = 0;
+  std::vector<double> pipeline_idle;
   const double comm_cpu0 = dp.comm_cpu_seconds();
   const double tp_cpu0 = tp_ ? tp_->stats().comm_cpu_seconds : 0;
   const double dp_wait0 = dp.wait_seconds();
@@ -96,16 +97,23 @@ StepMetrics Trainer::train_step(int64_t step) {
     // The schedule interleaves the micro-batches' passes; the data-parallel reduction waits for all of
     // them (no reduction under backward), then goes at once.
     dp.begin_micro_batch(true, false);
+    const double pp_wait0 = pipeline_->wait_seconds();
+    const auto pp_t0 = std::chrono::steady_clock::now();
     loss_sum = pipeline_->train(static_cast<int>(n_micro), tokens_, targets_,
                                 [&](int64_t m) { data_->fill(tokens_, targets_, first + m * mb, Split::Train); },
                                 grad_scale);
+    const double schedule_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pp_t0).count();
+    double idle = schedule_s > 0 ? (pipeline_->wait_seconds() - pp_wait0) / schedule_s : 0.0;
+    pipeline_idle.assign(static_cast<size_t>(pp_->size()), 0.0);
+    pp_->all_gather(&idle, pipeline_idle.data(), 1, DType::F64).wait();
     sum_tied_embedding_grads();
     loss_sum = pp_sum(loss_sum);
     if (!std::isfinite(loss_sum))
       throw NumericError("step " + std::to_string(step) + ": the loss is " + std::to_string(loss_sum) +
                          "; lower train.lr or check the data");
+    // Every gradient is final: each unit's reduction goes out, the head's first as in one backward.
     dp.begin_micro_batch(true, true);
-    dp.after_backward(-1);  // every gradient is final
+    for (int64_t unit = cfg_.model.resolved.n_layers; unit >= -1; --unit) dp.after_backward(unit);
   }
   for (int64_t m = 0; !pipeline_ && m < n_micro; ++m) {
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
@@ -132,6 +140,10 @@ StepMetrics Trainer::train_step(int64_t step) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   StepMetrics s;
+  if (pipeline_) {
+    s.pipeline_idle = std::move(pipeline_idle);
+    s.pipeline_bubble_theory = pipeline_->theoretical_bubble(static_cast<int>(n_micro));
+  }
   s.step = step;
   s.total_steps = cfg_.train.steps;
   s.loss = loss_sum / static_cast<double>(n_micro * dp_size_);
@@ -232,32 +244,22 @@ const float* Trainer::full_master() const {
   return whole_master_.data<float>();
 }
 
-void Trainer::gather_model_shards() {
-  // Only dp rank 0's replica is saved; its tp (or pp) group gathers on its rank 0 (global rank 0).
-  comm::ProcessGroup* group = tp_ ? tp_ : pp_;
-  if (!group || dp_rank_ != 0) return;
-  // The table of member r of the group: its tp shard, or its pipeline stage.
-  auto table_of = [&](int r) {
-    if (tp_) return spec::build_param_table(cfg_.model.resolved, {r, tp_->size()});
-    return spec::build_param_table(cfg_.model.resolved, par_.stages.shard_of(r));
-  };
-  const Moments local = data_parallel_->full_moments(optimizer_->m().data<float>(), optimizer_->v().data<float>());
-  const float* mine[3] = {params_->master().data<float>(), local.m, local.v};
-  const auto n_local = static_cast<size_t>(params_->table().total_numel());
-  const int tp_rank = group->rank(), tp_size = group->size();
-  if (tp_rank != 0) {
+namespace {
+// Collective over `group`: member r's state (three arena copies laid out by table_of(r)) lands on member
+// 0 in `whole`, laid out by `target`, every element at its global place there (replicated elements
+// arrive from each holder with the same bits; padding has no place). Member 0's own state is `mine`.
+void gather_shards_on_first(comm::ProcessGroup& group, const std::function<spec::ParamTable(int)>& table_of,
+                            const spec::ParamTable& target, const float* const mine[3], int64_t n_mine, Tensor* whole[3],
+                            Allocator& alloc) {
+  if (group.rank() != 0) {
     std::vector<comm::Work> works;
-    for (int k = 0; k < 3; ++k) works.push_back(group->send(mine[k], n_local, DType::F32, 0, kTpShardTag + k));
+    for (int k = 0; k < 3; ++k) works.push_back(group.send(mine[k], static_cast<size_t>(n_mine), DType::F32, 0, kTpShardTag + k));
     for (auto& w : works) w.wait();
     return;
   }
-  Allocator& alloc = backend_.allocator();
-  whole_table_ = spec::build_param_table(cfg_.model.resolved);
-  const int64_t total = whole_table_.total_numel();
-  Tensor* whole[3] = {&whole_master_, &whole_m_, &whole_v_};
   const MemCategory cats[3] = {MemCategory::Parameters, MemCategory::Optimizer, MemCategory::Optimizer};
-  for (int k = 0; k < 3; ++k) *whole[k] = Tensor::empty({total}, DType::F32, alloc, cats[k]);
-  for (int r = 0; r < tp_size; ++r) {
+  for (int k = 0; k < 3; ++k) *whole[k] = Tensor::empty({target.total_numel()}, DType::F32, alloc, cats[k]);
+  for (int r = 0; r < group.size(); ++r) {
     const auto table = table_of(r);
     Tensor staged;
     const float* src[3] = {mine[0], mine[1], mine[2]};
@@ -266,15 +268,13 @@ void Trainer::gather_model_shards() {
       staged = Tensor::empty({3 * n}, DType::F32, alloc, MemCategory::Workspace);
       std::vector<comm::Work> works;
       for (int k = 0; k < 3; ++k) {
-        works.push_back(group->recv(staged.data<float>() + k * n, static_cast<size_t>(n), DType::F32, r, kTpShardTag + k));
+        works.push_back(group.recv(staged.data<float>() + k * n, static_cast<size_t>(n), DType::F32, r, kTpShardTag + k));
         src[k] = staged.data<float>() + k * n;
       }
       for (auto& w : works) w.wait();
     }
-    // Every element of the shard to its place in the whole tensor (replicated ones arrive from every
-    // holder with the same bits; padding has no place).
     for (const auto& p : table.params()) {
-      const int64_t dst = whole_table_.at(p.name).offset;
+      const int64_t dst = target.at(p.name).offset;
       for (int64_t i = 0; i < p.numel(); ++i) {
         const int64_t g = table.global_element(p, i);
         if (g < 0) continue;
@@ -282,6 +282,40 @@ void Trainer::gather_model_shards() {
       }
     }
   }
+}
+}  // namespace
+
+void Trainer::gather_model_shards() {
+  // Only dp rank 0's replica is saved: its tp shards are gathered on tp rank 0 of each pipeline stage
+  // (the stage's whole tensors), then the stages on pipeline rank 0 (global rank 0).
+  if ((!tp_ && !pp_) || dp_rank_ != 0) return;
+  Allocator& alloc = backend_.allocator();
+  const auto& m = cfg_.model.resolved;
+  const spec::TableShard stage = pp_ ? par_.stages.shard_of(pp_->rank()) : spec::TableShard{};
+  const Moments local = data_parallel_->full_moments(optimizer_->m().data<float>(), optimizer_->v().data<float>());
+  const float* mine[3] = {params_->master().data<float>(), local.m, local.v};
+  int64_t n_mine = params_->table().total_numel();
+  Tensor stage_whole[3];
+  if (tp_) {
+    const spec::ParamTable stage_table = spec::build_param_table(m, stage);
+    Tensor* into[3] = {&stage_whole[0], &stage_whole[1], &stage_whole[2]};
+    gather_shards_on_first(*tp_, [&](int r) {
+      spec::TableShard s = stage;
+      s.tp_rank = r, s.tp_size = tp_->size();
+      return spec::build_param_table(m, s);
+    }, stage_table, mine, n_mine, into, alloc);
+    if (tp_->rank() != 0) return;
+    for (int k = 0; k < 3; ++k) mine[k] = stage_whole[k].data<float>();
+    n_mine = stage_table.total_numel();
+  }
+  Tensor* into[3] = {&whole_master_, &whole_m_, &whole_v_};
+  whole_table_ = spec::build_param_table(m);
+  if (!pp_) {
+    for (int k = 0; k < 3; ++k) *into[k] = std::move(stage_whole[k]);
+    return;
+  }
+  gather_shards_on_first(*pp_, [&](int r) { return spec::build_param_table(m, par_.stages.shard_of(r)); }, whole_table_,
+                         mine, n_mine, into, alloc);
 }
 
 Trainer::Moments Trainer::full_moments() const {

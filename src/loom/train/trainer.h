@@ -36,6 +36,11 @@ struct StepMetrics {
   // used (overlapped or not: on a CPU it takes cycles from compute either way). 0 on one rank.
   double exposed_comm_seconds = 0;
   double comm_cpu_seconds = 0;
+  // Pipeline parallelism: each stage's idle fraction of this step's schedule (the time it waited on
+  // pipeline transfers over the schedule's wall time: the bubble plus exposed transfers), indexed by
+  // pipeline rank, and the schedule's theoretical bubble. Empty without pp.
+  std::vector<double> pipeline_idle;
+  double pipeline_bubble_theory = 0;
 };
 
 class Trainer {

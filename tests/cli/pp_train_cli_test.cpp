@@ -1,0 +1,172 @@
+// Pipeline parallelism end to end: `loom run -n N -- loom train --set parallel.pp=N` under each schedule
+// that runs must reproduce the single-rank loss curve (same seed and data), compose with dp, keep whole
+// Hugging Face tensors in checkpoints that resume at another pp, and refuse what it cannot run before any
+// work.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "run_metrics.h"
+#include "loom/core/safetensors.h"
+
+namespace loom::test {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const std::string kTiny = "--config " LOOM_SOURCE_DIR "/configs/tiny.toml ";
+
+// 4 blocks, 4 micro-batches of 2 per step: pp 2 and 4, every schedule that runs, uneven stages, tied
+// (GPT-2) and untied (Llama) embeddings, with dp, fp32 and bf16.
+TEST(PipelineCli, VerifyPassesForEveryScheduleOnGpt2AndLlamaInBothPrecisions) {
+  for (const char* model : {"--set model.preset=tiny", "--set model.preset=tiny-llama --set model.tie_embeddings=false"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::string(model) + " " + precision);
+      auto r = run_loom("verify " + kTiny + "--steps 5 " + model + " --set precision=" + precision +
+                        " --set model.n_layers=4 --set train.batch_size=8 --set train.micro_batch_size=2 "
+                        "--layouts \"dp=1;pp=2;pp=2,schedule=gpipe;pp=2,v=2,schedule=interleaved-1f1b;pp=4;"
+                        "pp=2,dp=2\"");
+      EXPECT_EQ(r.rc, 0) << r.out << r.err;
+      EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
+      EXPECT_EQ(count(r.out, "PASS"), 5) << r.out;
+    }
+  // An explicit uneven cut (one block on the first stage, three on the second) is a layout key; set for
+  // every layout it would reach the reference, which has no pipeline, and is refused.
+  auto r = run_loom("verify " + kTiny + "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
+                    "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2,layers=1/3;pp=2,layers=3/1\"");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
+  r = run_loom("verify " + kTiny + "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
+               "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2\" --set parallel.pipeline.layers=1,3");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("parallel.pipeline.layers = \"1,3\" cuts a pipeline, which needs parallel.pp > 1"));
+}
+
+TEST(PipelineCli, UnevenStagesTrainLikeOneRank) {
+  auto one = scratch_dir("pp-uneven-1"), two = scratch_dir("pp-uneven-2");
+  const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 --set train.micro_batch_size=2 "
+                             "--set train.steps=4 --set checkpoint.save_every=0 --set train.eval_every=0";
+  ASSERT_EQ(run_loom("train " + common + " --set train.out_dir=" + (one / "out").string()).rc, 0);
+  auto r = run_loom("run -n 2 -- loom train " + common + " --set parallel.pp=2 --set parallel.pipeline.layers=1,3 "
+                    "--set train.out_dir=" + (two / "out").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_LT(max_rel_diff(losses(one / "out"), losses(two / "out")), 1e-5);
+  fs::remove_all(one), fs::remove_all(two);
+}
+
+// Saved at pp=2, resumed at pp=1, 2 and 4: each continues the uninterrupted curve; the checkpoint holds
+// whole tensors and exports.
+TEST(PipelineCli, ACheckpointSavedAtPp2ResumesAtAnyPp) {
+  const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 "
+                             "--set train.micro_batch_size=2 --set train.eval_every=0";
+  auto whole = scratch_dir("pp-ck-whole"), half = scratch_dir("pp-ck-half");
+  ASSERT_EQ(run_loom("train " + common + " --set train.steps=6 --set checkpoint.save_every=0 --set train.out_dir=" +
+                     (whole / "out").string() + " --save-dir " + (whole / "ck").string()).rc, 0);
+  auto r = run_loom("run -n 2 -- loom train " + common + " --set parallel.pp=2 --set train.steps=3 --save-every 3 "
+                    "--set train.out_dir=" + (half / "out").string() + " --save-dir " + (half / "ck").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto want = losses(whole / "out");
+  for (int pp : {1, 2, 4}) {
+    SCOPED_TRACE("resumed at pp=" + std::to_string(pp));
+    auto dir = scratch_dir("pp-ck-r" + std::to_string(pp));
+    fs::copy(half / "ck", dir / "ck", fs::copy_options::recursive);
+    r = run_loom("run -n " + std::to_string(pp) + " -- loom train " + common + " --set train.steps=6 --set parallel.pp=" +
+                 std::to_string(pp) + " --set train.out_dir=" + (dir / "out").string() + " --save-dir " +
+                 (dir / "ck").string() + " --resume");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 3, want.end()), losses(dir / "out")), 1e-5);
+    fs::remove_all(dir);
+  }
+  SafetensorsFile f((half / "ck" / "step-00000003" / "model.safetensors").string());
+  EXPECT_EQ(f.tensors().size(), 4u * 12 + 4) << "every block's tensors and the embeddings and final norm";
+  fs::remove_all(whole), fs::remove_all(half);
+}
+
+TEST(PipelineCli, WhatCannotRunIsRefusedBeforeAnyWork) {
+  auto r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.schedule=zb-h1");
+  EXPECT_THAT(r.err, HasSubstr("\"zb-h1\" is built and checked but not run yet"));
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.virtual_stages=2 "
+               "--set train.micro_batch_size=2 --set parallel.pipeline.schedule=interleaved-1f1b");
+  EXPECT_THAT(r.err, HasSubstr("model.n_layers = 2 cannot give pp x virtual_stages = 2 x 2 = 4 chunks a block each"));
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.layers=1,2");
+  EXPECT_THAT(r.err, HasSubstr("parallel.pipeline.layers sums to 3 blocks, but model.n_layers = 2"));
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set model.n_layers=4 --set train.batch_size=6 "
+               "--set train.micro_batch_size=2 --set parallel.pipeline.virtual_stages=2 "
+               "--set parallel.pipeline.schedule=interleaved-1f1b");
+  EXPECT_THAT(r.err, HasSubstr("3 micro-batches per step is not a multiple; use 4 or 2"));
+  r = run_loom("run -n 4 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2");
+  EXPECT_THAT(r.err, HasSubstr("parallel.pp = 2 with parallel.zero = 2 is not supported: ZeRO-2/3 reduce and free each "
+                               "block's gradients during every micro-batch's backward"));
+  EXPECT_THAT(r.err, HasSubstr("use parallel.zero = 1"));
+}
+
+// pp x tp (with and without SP), pp x dp under ZeRO-1, and all three axes at once (8 ranks: kept short).
+TEST(PipelineCli, VerifyPassesComposedWithTensorParallelismAndZero1) {
+  for (const char* model : {"--set model.preset=tiny", "--set model.preset=tiny-llama"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::string(model) + " " + precision);
+      auto r = run_loom("verify " + kTiny + "--steps 4 " + model + " --set precision=" + precision +
+                        " --set model.n_layers=4 --set train.batch_size=8 --set train.micro_batch_size=2 "
+                        "--layouts \"dp=1;pp=2,tp=2;pp=2,tp=2,sp=1;pp=2,dp=2,zero=1\"");
+      EXPECT_EQ(r.rc, 0) << r.out << r.err;
+      EXPECT_EQ(count(r.out, "PASS"), 3) << r.out;
+    }
+  auto r = run_loom("verify " + kTiny + "--steps 3 --set precision=bf16 --set model.n_layers=4 --set train.batch_size=8 "
+                    "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2,dp=2,tp=2,zero=1\"");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(count(r.out, "PASS"), 1) << r.out;
+}
+
+// A pp=2 x tp=2 checkpoint holds whole tensors (each stage's tp shards gathered, then the stages) and
+// resumes on one rank, continuing the uninterrupted curve.
+TEST(PipelineCli, APipelineTimesTensorParallelCheckpointResumesOnOneRank) {
+  const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 "
+                             "--set train.micro_batch_size=2 --set train.eval_every=0";
+  auto whole = scratch_dir("pptp-ck-whole"), split = scratch_dir("pptp-ck-split");
+  ASSERT_EQ(run_loom("train " + common + " --set train.steps=4 --set checkpoint.save_every=0 --set train.out_dir=" +
+                     (whole / "out").string()).rc, 0);
+  auto r = run_loom("run -n 4 -- loom train " + common + " --set parallel.pp=2 --set parallel.tp=2 --set train.steps=2 "
+                    "--save-every 2 --set train.out_dir=" + (split / "out").string() + " --save-dir " + (split / "ck").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run_loom("train " + common + " --set train.steps=4 --set train.out_dir=" + (split / "out1").string() +
+               " --save-dir " + (split / "ck").string() + " --resume");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto want = losses(whole / "out");
+  EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 2, want.end()), losses(split / "out1")), 1e-5);
+  fs::remove_all(whole), fs::remove_all(split);
+}
+
+// Each stage's idle fraction is measured from its own waits and reported beside the schedule's theory,
+// per step in metrics.jsonl and as medians in the summary.
+TEST(PipelineCli, TheBubbleIsMeasuredPerStageBesideTheTheory) {
+  auto dir = scratch_dir("pp-bubble");
+  auto r = run_loom("run -n 2 -- loom train " + kTiny + "--json --set model.n_layers=4 --set train.batch_size=8 "
+                    "--set train.micro_batch_size=2 --set train.steps=4 --set train.eval_every=0 "
+                    "--set checkpoint.save_every=0 --set parallel.pp=2 --set train.out_dir=" + (dir / "out").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("pipeline idle per step (median"));
+  EXPECT_THAT(r.err, HasSubstr("1f1b theory 20.0%"));  // (p - 1) / (m + p - 1) = 1 / 5
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["pipeline"]["idle_by_stage"].size(), 2u);
+  EXPECT_NEAR(j["pipeline"]["bubble_theory"].get<double>(), 0.2, 1e-12);
+  for (const auto& f : j["pipeline"]["idle_by_stage"]) EXPECT_TRUE(f.get<double>() >= 0 && f.get<double>() < 1) << f;
+  std::ifstream log(dir / "out" / "metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(log, line)) {
+    const auto m = nlohmann::json::parse(line);
+    ASSERT_TRUE(m.contains("pp_idle")) << line;
+    EXPECT_EQ(m["pp_idle"].size(), 2u);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 4);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::test
