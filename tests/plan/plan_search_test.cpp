@@ -173,21 +173,28 @@ TEST(PlanCli, PrintsJsonForAJobAndOneLineErrors) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
 }
 
-// --engine loom: only the layouts Loom's engine runs (dp x ZeRO x tp, with or without SP, x micro-batch),
-// with its own memory.
+// --engine loom: only the layouts Loom's engine runs (dp x ZeRO x tp, with or without SP, x pp under
+// gpipe / 1f1b / interleaved with ZeRO 0-1, x micro-batch), with its own memory.
 TEST(Search, TheLoomEngineProfileSearchesOnlyWhatTheEngineRuns) {
   Job j = job("mini", "h100:4", 256, 64);
   j.software.loom_engine = true;
   auto r = search(j, {}, 1000);
   ASSERT_FALSE(r.ranked.empty());
   EXPECT_GT(r.rejected[Reject::Engine], 0);
-  bool tensor_parallel = false;
+  bool tensor_parallel = false, pipeline = false;
   for (auto& c : r.ranked) {
     const auto& l = c.layout;
-    EXPECT_EQ(l.pp * l.cp * l.ep, 1) << l.str();
+    EXPECT_EQ(l.cp * l.ep, 1) << l.str();
     tensor_parallel = tensor_parallel || l.tp > 1;
+    pipeline = pipeline || l.pp > 1;
+    if (l.pp > 1) {
+      EXPECT_NE(l.schedule, Schedule::ZeroBubble) << l.str();
+      EXPECT_TRUE(l.zero <= 1 || l.dp == 1) << l.str();
+    }
     EXPECT_EQ(l.recompute, Recompute::None) << l.str();
-    EXPECT_DOUBLE_EQ(c.memory.total, loom_engine_memory(j.model.cfg, l, j.seq, true).total()) << l.str();
+    EXPECT_DOUBLE_EQ(c.memory.total,
+                     loom_engine_memory(j.model.cfg, l, j.seq, true, {micro_batches(l, j), {}}).total()) << l.str();
   }
   EXPECT_TRUE(tensor_parallel) << "tp layouts are the engine's too";
+  EXPECT_TRUE(pipeline) << "pp layouts are the engine's too";
 }
