@@ -44,6 +44,19 @@ TEST(PipelineStages, AHeavyHeadTakesBlocksOffTheLastStage) {
   EXPECT_EQ(s.rank_of(5 % 4), 1);
 }
 
+// Interleaved chunks: equal chunks are not enough, each rank's chunks must add up evenly too. mini (6
+// blocks, a head worth ~1.8 blocks) on 2 x 2 chunks: 2,2,1,1 leaves rank 1 with 4.8 block costs and rank
+// 0 with 3; 2,1,2,1 gives 4 and 3.8 with no chunk heavier than before.
+TEST(PipelineStages, VirtualStagesBalanceEachRanksChunksTogether) {
+  const auto cfg = preset("mini");
+  const auto s = cut_pipeline(cfg, 256, 2, 2);
+  EXPECT_EQ(s.str(), "2,1,2,1");
+  const double b = block_cost(cfg, 256), h = head_cost(cfg);
+  double rank[2] = {0, 0};
+  for (int k = 0; k < 4; ++k) rank[k % 2] += b * static_cast<double>(s.layers[static_cast<size_t>(k)]) + (k == 3 ? h : 0);
+  EXPECT_LT(std::max(rank[0], rank[1]) / std::min(rank[0], rank[1]), 1.1) << rank[0] << " " << rank[1];
+}
+
 TEST(PipelineStages, ExplicitUnevenSplitsAreKept) {
   auto cfg = preset("tiny");
   cfg.n_layers = 126;

@@ -80,6 +80,44 @@ std::vector<int64_t> balance(int64_t L, int K, double b, double tail) {
   return best;
 }
 
+// With virtual stages a rank runs several chunks, so chunks of equal cost can still leave the ranks
+// unequal (mini, 6 blocks and a heavy head on 2 x 2 chunks: 2,2,1,1 gives the head's rank 4.8 block
+// costs and the other 3). Moves single blocks between neighbouring chunks while no chunk grows past the
+// balanced split's largest, for the smallest largest rank, then the most even ranks.
+std::vector<int64_t> even_ranks(std::vector<int64_t> layers, int pp, double b, double tail) {
+  const int K = static_cast<int>(layers.size());
+  auto chunk_cost = [&](int k) { return b * static_cast<double>(layers[static_cast<size_t>(k)]) + (k == K - 1 ? tail : 0); };
+  double cap = 0;
+  for (int k = 0; k < K; ++k) cap = std::max(cap, chunk_cost(k));
+  auto score = [&] {
+    std::vector<double> rank(static_cast<size_t>(pp), 0.0);
+    for (int k = 0; k < K; ++k) rank[static_cast<size_t>(k % pp)] += chunk_cost(k);
+    double worst = 0, squares = 0;
+    for (double r : rank) worst = std::max(worst, r), squares += r * r;
+    return std::pair{worst, squares};
+  };
+  auto best = score();
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 0; k + 1 < K && !moved; ++k)
+      for (int dir : {+1, -1}) {  // +1: a block from chunk k to k + 1; -1: back
+        auto& from = layers[static_cast<size_t>(dir > 0 ? k : k + 1)];
+        auto& to = layers[static_cast<size_t>(dir > 0 ? k + 1 : k)];
+        if (from <= 1) continue;
+        --from, ++to;
+        const auto now = score();
+        const bool fits = chunk_cost(k) <= cap * (1 + 1e-12) && chunk_cost(k + 1) <= cap * (1 + 1e-12);
+        if (fits && (now.first < best.first * (1 - 1e-12) ||
+                     (now.first <= best.first * (1 + 1e-12) && now.second < best.second * (1 - 1e-12)))) {
+          best = now, moved = true;
+          break;
+        }
+        ++from, --to;
+      }
+  }
+  return layers;
+}
+
 }  // namespace
 
 PipelineStages cut_pipeline(const TransformerConfig& cfg, int64_t seq, int pp, int v,
@@ -98,6 +136,7 @@ PipelineStages cut_pipeline(const TransformerConfig& cfg, int64_t seq, int pp, i
                         " chunks a block each; use at most " + std::to_string(std::max<int64_t>(1, L / pp)) +
                         " virtual stages" + (L >= pp ? "" : " and pp <= " + std::to_string(L)));
     s.layers = balance(L, K, block_cost(cfg, seq), head_cost(cfg));
+    if (v > 1) s.layers = even_ranks(s.layers, pp, block_cost(cfg, seq), head_cost(cfg));
     return s;
   }
   auto example = [&] { return L >= K ? PipelineStages{pp, v, balance(L, K, 1.0, 0.0)}.str() : std::string("?"); };
