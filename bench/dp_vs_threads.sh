@@ -4,16 +4,7 @@
 # ZeRO stage (ZeRO-3 also with pages given back eagerly). Alternates the runs for `rounds` rounds and prints each run's median tokens/s (steps 3..N)
 # and rank 0's peak model-state memory (weights + gradients + optimizer, MiB).
 #   bash bench/dp_vs_threads.sh [rounds] [steps] [build-dir]
-set -euo pipefail
-rounds=${1:-3}
-steps=${2:-10}
-build=${3:-build}
-loom="$(cd "$build" && pwd)/loom"
-[ -x "$loom" ] || { echo "no $loom: build first" >&2; exit 1; }
-cd "$(dirname "$0")/.."
-[ -d data/fortunes ] || "$loom" prepare --input /usr/share/games/fortunes --out data/fortunes >/dev/null
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/training_run_setup.sh"
 declare -A results state
 runs=("dp1 1 4096 0 lazy" "dp2-buckets 2 4096 0 lazy" "dp2-after-backward 2 0 0 lazy" "dp2-zero1 2 4096 1 lazy"
       "dp2-zero2 2 4096 2 lazy" "dp2-zero3 2 4096 3 lazy" "dp2-zero3-eager 2 4096 3 eager")
@@ -31,7 +22,6 @@ print(round(j["tokens_per_s"]), round((p["parameters"]+p["gradients"]+p["optimiz
     state[$1]=$mib
   done
 done
-median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 base=$(echo "${results[dp1]}" | median)
 printf "%-22s %10s %8s %12s   (runs: tokens/s)\n" run "median" "vs dp1" "state MiB"
 for run in "${runs[@]}"; do

@@ -6,17 +6,7 @@
 # pp_idle metrics) and the schedule's theoretical bubble. Then, at m = 4, tokens/s of pp=2 (1f1b) beside
 # dp=2 (two ranks of one thread) and one rank of two threads, alternated for `rounds` rounds.
 #   bash bench/pp_bubble.sh [rounds] [steps] [build-dir]
-set -euo pipefail
-rounds=${1:-3}
-steps=${2:-10}
-build=${3:-build}
-loom="$(cd "$build" && pwd)/loom"
-[ -x "$loom" ] || { echo "no $loom: build first" >&2; exit 1; }
-cd "$(dirname "$0")/.."
-[ -d data/fortunes ] || "$loom" prepare --input /usr/share/games/fortunes --out data/fortunes >/dev/null
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+source "$(dirname "$0")/training_run_setup.sh"
 
 # run NAME RANKS ARGS...: prints "tokens/s idle0 idle1 theory" of one run (idle and theory 0 without pp)
 run() {

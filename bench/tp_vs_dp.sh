@@ -7,21 +7,11 @@
 # (median run): GEMMs, other kernels, communication waited for (exposed) and the part of the
 # asynchronous collectives' flight that compute hid (overlapped).
 #   bash bench/tp_vs_dp.sh [rounds] [steps] [build-dir]
-set -euo pipefail
-rounds=${1:-3}
-steps=${2:-10}
-build=${3:-build}
-loom="$(cd "$build" && pwd)/loom"
-[ -x "$loom" ] || { echo "no $loom: build first" >&2; exit 1; }
-cd "$(dirname "$0")/.."
-[ -d data/fortunes ] || "$loom" prepare --input /usr/share/games/fortunes --out data/fortunes >/dev/null
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/training_run_setup.sh"
 declare -A results rows
 # name ranks dp tp sp overlap
 runs=("one-rank 1 1 1 false true" "dp2 2 2 1 false true" "tp2 2 1 2 false true" "tp2-sp 2 1 2 true true"
       "tp2-no-overlap 2 1 2 false false" "tp2-sp-no-overlap 2 1 2 true false")
-median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 for config in mini llama-mini; do
   for ((r = 1; r <= rounds; r++)); do
     for run in "${runs[@]}"; do
