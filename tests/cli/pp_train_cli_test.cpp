@@ -122,23 +122,28 @@ TEST(PipelineCli, VerifyPassesComposedWithTensorParallelismAndZero1) {
   EXPECT_EQ(count(r.out, "PASS"), 1) << r.out;
 }
 
-// A pp=2 x tp=2 checkpoint holds whole tensors (each stage's tp shards gathered, then the stages) and
-// resumes on one rank, continuing the uninterrupted curve.
+// A pp=2 x tp=2 checkpoint holds whole tensors (each stage's tp shards gathered, then the stages), and
+// so does pp=2 x dp=2 under ZeRO-1 in bf16 (sharded moments and masters gathered first): each resumes
+// on one rank, continuing the uninterrupted curve.
 TEST(PipelineCli, APipelineTimesTensorParallelCheckpointResumesOnOneRank) {
-  const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 "
-                             "--set train.micro_batch_size=2 --set train.eval_every=0";
-  auto whole = scratch_dir("pptp-ck-whole"), split = scratch_dir("pptp-ck-split");
-  ASSERT_EQ(run_loom("train " + common + " --set train.steps=4 --set checkpoint.save_every=0 --set train.out_dir=" +
-                     (whole / "out").string()).rc, 0);
-  auto r = run_loom("run -n 4 -- loom train " + common + " --set parallel.pp=2 --set parallel.tp=2 --set train.steps=2 "
-                    "--save-every 2 --set train.out_dir=" + (split / "out").string() + " --save-dir " + (split / "ck").string());
-  ASSERT_EQ(r.rc, 0) << r.err;
-  r = run_loom("train " + common + " --set train.steps=4 --set train.out_dir=" + (split / "out1").string() +
-               " --save-dir " + (split / "ck").string() + " --resume");
-  ASSERT_EQ(r.rc, 0) << r.err;
-  const auto want = losses(whole / "out");
-  EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 2, want.end()), losses(split / "out1")), 1e-5);
-  fs::remove_all(whole), fs::remove_all(split);
+  for (const char* layout : {"--set parallel.tp=2 --set precision=fp32", "--set parallel.dp=2 --set parallel.zero=1 --set precision=bf16"}) {
+    SCOPED_TRACE(layout);
+    const std::string precision = std::string(layout).substr(std::string(layout).find("precision"));
+    const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 "
+                               "--set train.micro_batch_size=2 --set train.eval_every=0 --set " + precision;
+    auto whole = scratch_dir("pptp-ck-whole"), split = scratch_dir("pptp-ck-split");
+    ASSERT_EQ(run_loom("train " + common + " --set train.steps=4 --set checkpoint.save_every=0 --set train.out_dir=" +
+                       (whole / "out").string()).rc, 0);
+    auto r = run_loom("run -n 4 -- loom train " + common + " --set parallel.pp=2 " + layout + " --set train.steps=2 "
+                      "--save-every 2 --set train.out_dir=" + (split / "out").string() + " --save-dir " + (split / "ck").string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    r = run_loom("train " + common + " --set train.steps=4 --set train.out_dir=" + (split / "out1").string() +
+                 " --save-dir " + (split / "ck").string() + " --resume");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto want = losses(whole / "out");
+    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 2, want.end()), losses(split / "out1")), 1e-5);
+    fs::remove_all(whole), fs::remove_all(split);
+  }
 }
 
 // Each stage's idle fraction is measured from its own waits and reported beside the schedule's theory,
