@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on one machine (issue 13's benchmark): `mini` (bf16, 6 blocks) at pp=2 under
-# gpipe, 1f1b and interleaved-1f1b (v=2), with m = 2, 4 and 8 micro-batches of 2 sequences per step.
+# gpipe, 1f1b, interleaved-1f1b (v=2) and zb-h1, with m = 2, 4 and 8 micro-batches of 2 sequences per step.
 # Each row prints the median tokens/s (steps 3..N), each stage's measured idle fraction of the schedule
 # (median over steps: its waits on transfers over the schedule's wall time, from the run's own
 # pp_idle metrics) and the schedule's theoretical bubble. Then, at m = 4, tokens/s of pp=2 (1f1b) beside
@@ -22,7 +22,7 @@ print(round(j["tokens_per_s"]), "%.3f %.3f %.3f" % (i[0], i[1], p.get("bubble_th
 
 echo "mini (bf16), pp=2, micro-batch 2 x 256 tokens, $steps steps per run, $rounds rounds (medians)"
 printf "%-18s %3s %8s %9s %9s %9s %10s\n" schedule m tok/s "idle s0" "idle s1" theory "s0-theory"
-for sched in gpipe 1f1b interleaved-1f1b; do
+for sched in gpipe 1f1b interleaved-1f1b zb-h1; do
   v=1
   [ "$sched" = interleaved-1f1b ] && v=2
   for m in 2 4 8; do

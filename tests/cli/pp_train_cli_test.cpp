@@ -30,10 +30,10 @@ TEST(PipelineCli, VerifyPassesForEveryScheduleOnGpt2AndLlamaInBothPrecisions) {
       auto r = run_loom("verify " + kTiny + "--steps 5 " + model + " --set precision=" + precision +
                         " --set model.n_layers=4 --set train.batch_size=8 --set train.micro_batch_size=2 "
                         "--layouts \"dp=1;pp=2;pp=2,schedule=gpipe;pp=2,v=2,schedule=interleaved-1f1b;pp=4;"
-                        "pp=2,dp=2\"");
+                        "pp=2,dp=2;pp=2,schedule=zb-h1;pp=4,schedule=zb-h1\"");
       EXPECT_EQ(r.rc, 0) << r.out << r.err;
       EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
-      EXPECT_EQ(count(r.out, "PASS"), 5) << r.out;
+      EXPECT_EQ(count(r.out, "PASS"), 7) << r.out;
     }
   // An explicit uneven cut (one block on the first stage, three on the second) is a layout key; set for
   // every layout it would reach the reference, which has no pipeline, and is refused.
@@ -88,8 +88,10 @@ TEST(PipelineCli, ACheckpointSavedAtPp2ResumesAtAnyPp) {
 }
 
 TEST(PipelineCli, WhatCannotRunIsRefusedBeforeAnyWork) {
-  auto r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.schedule=zb-h1");
-  EXPECT_THAT(r.err, HasSubstr("\"zb-h1\" is built and checked but not run yet"));
+  auto r = run_loom("run -n 4 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.tp=2 "
+                    "--set parallel.pipeline.schedule=zb-h1");
+  EXPECT_THAT(r.err, HasSubstr("\"zb-h1\" with parallel.tp = 2 is not supported yet: the tensor-parallel ops do not "
+                               "split their backward"));
   r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.virtual_stages=2 "
                "--set train.micro_batch_size=2 --set parallel.pipeline.schedule=interleaved-1f1b");
   EXPECT_THAT(r.err, HasSubstr("model.n_layers = 2 cannot give pp x virtual_stages = 2 x 2 = 4 chunks a block each"));

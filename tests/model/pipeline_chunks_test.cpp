@@ -31,7 +31,10 @@ double max_rel(const Tensor& a, const Tensor& b) {
 }
 
 // layers: blocks per global chunk; chunk g lives on stage g % pp.
-void check_chunks_match_the_whole_model(spec::TransformerConfig cfg, int pp, std::vector<int64_t> layers) {
+// split: each chunk's backward in two passes (zero-bubble): every input-gradient pass first, the
+// weight-gradient passes after them all, in another order.
+void check_chunks_match_the_whole_model(spec::TransformerConfig cfg, int pp, std::vector<int64_t> layers,
+                                        bool split = false) {
   const uint64_t seed = 5;
   const int64_t B = 2, T = 16;
   Allocator alloc;
@@ -72,7 +75,7 @@ void check_chunks_match_the_whole_model(spec::TransformerConfig cfg, int pp, std
     s.net = std::make_unique<Transformer>(cfg, *s.params, backend);
   }
   std::vector<ActivationContext> ctx;
-  for (int g = 0; g < K; ++g) ctx.push_back(stages[static_cast<size_t>(g % pp)].net->make_context(B, T, chunk[g]));
+  for (int g = 0; g < K; ++g) ctx.push_back(stages[static_cast<size_t>(g % pp)].net->make_context(B, T, chunk[g], split));
   double got = 0;
   for (int g = 0; g < K; ++g) {
     auto& c = ctx[static_cast<size_t>(g)];
@@ -83,8 +86,13 @@ void check_chunks_match_the_whole_model(spec::TransformerConfig cfg, int pp, std
   for (int g = K - 1; g >= 0; --g) {
     auto& c = ctx[static_cast<size_t>(g)];
     if (g < K - 1) c.d_res.copy_from(ctx[g + 1].d_res);
-    stages[static_cast<size_t>(g % pp)].net->backward_chunk(c, chunk[g]);
+    if (split)
+      stages[static_cast<size_t>(g % pp)].net->backward_chunk_input(c, chunk[g]);
+    else
+      stages[static_cast<size_t>(g % pp)].net->backward_chunk(c, chunk[g]);
   }
+  if (split)
+    for (int g = 0; g < K; ++g) stages[static_cast<size_t>(g % pp)].net->backward_chunk_weight(ctx[static_cast<size_t>(g)], chunk[g]);
   // Every parameter's gradient, by name; a tensor on several stages (the tied embedding) sums.
   for (const auto& p : whole_params.table().params()) {
     Tensor sum = Tensor::zeros({p.numel()}, DType::F32, alloc, MemCategory::Workspace);
@@ -120,6 +128,16 @@ TEST(PipelineChunks, InterleavedChunksOnOneStageAreNotContiguous) {
   cfg.n_layers = 4;
   // pp = 2, v = 2: stage 0 holds chunks 0 and 2 (blocks 0 and 2), stage 1 chunks 1 and 3.
   check_chunks_match_the_whole_model(cfg, 2, {1, 1, 1, 1});
+}
+
+TEST(PipelineChunks, ASplitBackwardAddsWhatTheWholeBackwardAdds) {
+  for (const char* name : {"tiny", "tiny-llama"}) {
+    SCOPED_TRACE(name);
+    auto cfg = spec::preset(name);
+    cfg.n_layers = 4;
+    check_chunks_match_the_whole_model(cfg, 2, {1, 1, 1, 1}, true);
+    check_chunks_match_the_whole_model(cfg, 2, {3, 1}, true);
+  }
 }
 
 }  // namespace

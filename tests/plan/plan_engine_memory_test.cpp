@@ -90,7 +90,8 @@ TEST(EngineMemory, PredictsPipelineRankZerosPeakBytesUnderEachSchedule) {
       {"tiny", "bf16", 2, 1, 0, 1, false, "interleaved-1f1b", 2, ""},
       {"tiny-llama", "bf16", 2, 1, 0, 1, false, "1f1b", 1, "1,3"},
       {"tiny", "bf16", 2, 2, 1, 1, false, "1f1b", 1, ""},  {"tiny-llama", "fp32", 2, 1, 0, 2, true, "1f1b", 1, ""},
-      {"tiny", "bf16", 2, 1, 0, 2, false, "gpipe", 1, ""},
+      {"tiny", "bf16", 2, 1, 0, 2, false, "gpipe", 1, ""},  {"tiny-llama", "bf16", 2, 1, 0, 1, false, "zb-h1", 1, ""},
+      {"tiny", "fp32", 2, 2, 1, 1, false, "zb-h1", 1, "3,1"},
   };
   for (const PipeCase& c : cases) {
     auto dir = scratch_dir("engine-mem-pp");
@@ -110,9 +111,11 @@ TEST(EngineMemory, PredictsPipelineRankZerosPeakBytesUnderEachSchedule) {
     const auto measured = nlohmann::json::parse(r.out)["peak_bytes_by_category"];
     plan::Layout l;
     l.pp = c.pp, l.dp = c.dp, l.zero = c.zero, l.tp = c.tp, l.sp = c.sp, l.micro_batch = micro, l.vpp = c.v;
-    l.schedule = std::string(c.schedule) == "gpipe"   ? plan::Schedule::GPipe
-                 : std::string(c.schedule) == "1f1b" ? plan::Schedule::OneFOneB
-                                                     : plan::Schedule::Interleaved;
+    const std::string schedule = c.schedule;
+    l.schedule = schedule == "gpipe"   ? plan::Schedule::GPipe
+                 : schedule == "1f1b"  ? plan::Schedule::OneFOneB
+                 : schedule == "zb-h1" ? plan::Schedule::ZeroBubble
+                                       : plan::Schedule::Interleaved;
     auto model = spec::preset(c.preset);
     model.n_layers = 4;
     const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16",

@@ -23,6 +23,14 @@ void LayerOps::row_backward(const Tensor& dx, const LinearWeights& l, const Tens
   be_.linear_backward(&dx, false, l.dw, dbias(l), dy, x, l.w);
 }
 
+void LayerOps::linear_backward_input(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x) {
+  be_.linear_backward(&dx, false, Tensor(), nullptr, dy, x, l.w);
+}
+
+void LayerOps::linear_backward_weight(const LinearWeights& l, const Tensor& dy, const Tensor& x) {
+  be_.linear_backward(nullptr, false, l.dw, dbias(l), dy, x, l.w);
+}
+
 void LayerOps::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) {
   be_.embedding_forward(out, tokens, wte, wpe);
 }

@@ -56,6 +56,14 @@ class LayerOps {
   // dx[N, IC/tp] = dy . w; dw += dy^T . x; db += sum dy (dy whole on every rank).
   virtual void row_backward(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
 
+  // Split backward (zero-bubble pipeline schedules): a linear's input gradient now, its weight (and
+  // bias) gradient later, from the same dy and x, which the caller keeps. dx = dy . w; dw += dy^T . x;
+  // db += sum dy: column_backward / row_backward in two halves. Only where splits_backward() (the whole
+  // model's ops: a tensor-parallel shard's collectives are not split yet).
+  virtual bool splits_backward() const { return true; }
+  void linear_backward_input(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
+  void linear_backward_weight(const LinearWeights& l, const Tensor& dy, const Tensor& x);
+
   // out[N, C] = wte[tokens] (+ wpe[position]); wte holds this rank's rows of the vocabulary.
   virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe);
   virtual void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens);

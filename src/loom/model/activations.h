@@ -25,6 +25,16 @@ struct BlockActivations {
   Tensor h_act, h_act_lp;  // [N, F]
 };
 
+// Split backward (zero-bubble schedules): the output gradients of a block's four linears, kept from its
+// input-gradient pass until its weight-gradient pass. [N, C] ones hold this rank's rows of the residual
+// stream's gradient.
+struct BlockOutputGrads {
+  Tensor down;  // [N, C]: d(loss)/d(x_out), the MLP down-projection's dy
+  Tensor up;    // [N, F] or [N, 2F]: the up (gate|up) projection's dy
+  Tensor out;   // [N, C]: the attention output projection's dy
+  Tensor qkv;   // [N, (H + 2 KVH) * D]
+};
+
 struct ActivationContext {
   int64_t B = 0, T = 0;
   Tensor tokens, targets;                // I32 [B, T]
@@ -40,6 +50,9 @@ struct ActivationContext {
   // Under sequence parallelism: one block's partial norm gradients [4 C] before they are summed over
   // the group (undefined otherwise).
   Tensor norm_grads;
+  // Split backward only: per block of the chunk (L entries, the chunk's defined), its linears' output
+  // gradients between the input- and the weight-gradient pass.
+  std::vector<BlockOutputGrads> split;
   int64_t valid_targets = 0;             // targets >= 0 in this micro-batch
 };
 

@@ -61,7 +61,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
   return make_context(B, T, {0, cfg_.n_layers, true, true});
 }
 
-ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& ch) const {
+ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& ch, bool split_backward) const {
   check_chunk(ch);
   if (B <= 0 || T <= 0 || T > cfg_.max_seq)
     throw ConfigError("micro-batch [" + std::to_string(B) + ", " + std::to_string(T) +
@@ -110,29 +110,62 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   c.d_res = f32({R, C}), c.d_norm = f32({R, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
   if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
+  if (split_backward) {
+    c.split.resize(static_cast<size_t>(L));
+    for (int64_t l = ch.first; l < ch.last; ++l)
+      c.split[static_cast<size_t>(l)] = {f32({R, C}), f32({N, HPRE}), f32({R, C}), f32({N, QKV})};
+  }
   return c;
 }
 
 void Transformer::block_backward(const BlockWeights& blk, BlockActivations& a, ActivationContext& c,
-                                 const Tensor& x_in, const kernels::AttentionShape& s) {
+                                 const Tensor& x_in, const kernels::AttentionShape& s, BlockOutputGrads* split) {
   auto& be = backend_;
   auto& ops = *ops_;
+  // Split: the four linears' output gradients stay in `split` for the weight pass (the residual stream's
+  // gradient is copied, as the norms' backward adds into it).
+  const Tensor& d_h_pre = split ? split->up : c.d_h_pre;
+  const Tensor& d_qkv = split ? split->qkv : c.d_qkv;
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
-  ops.row_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp);
+  if (split) {
+    split->down.copy_from(c.d_res);
+    ops.linear_backward_input(c.d_h_act, blk.down, c.d_res, a.h_act_lp);
+  } else {
+    ops.row_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp);
+  }
   if (llama_)
-    be.swiglu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
+    be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
   else
-    be.gelu_backward(c.d_h_pre, a.h_pre, c.d_h_act);
-  ops.column_backward(&c.d_norm, blk.up, c.d_h_pre, a.n2_lp);
+    be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
+  if (split)
+    ops.linear_backward_input(c.d_norm, blk.up, d_h_pre, a.n2_lp);
+  else
+    ops.column_backward(&c.d_norm, blk.up, d_h_pre, a.n2_lp);
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
   runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
-  ops.row_backward(c.d_att, blk.out, c.d_res, a.att_lp);
-  be.attention_backward(c.d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
-  if (llama_) be.rope_backward(c.d_qkv, rope_.cos, rope_.sin, s);
-  ops.column_backward(&c.d_norm, blk.qkv, c.d_qkv, a.n1_lp);
+  if (split) {
+    split->out.copy_from(c.d_res);
+    ops.linear_backward_input(c.d_att, blk.out, c.d_res, a.att_lp);
+  } else {
+    ops.row_backward(c.d_att, blk.out, c.d_res, a.att_lp);
+  }
+  be.attention_backward(d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
+  if (llama_) be.rope_backward(d_qkv, rope_.cos, rope_.sin, s);
+  if (split)
+    ops.linear_backward_input(c.d_norm, blk.qkv, d_qkv, a.n1_lp);
+  else
+    ops.column_backward(&c.d_norm, blk.qkv, d_qkv, a.n1_lp);
   runner_.norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
   add_partial_grads({&blk.norm2, &blk.norm1}, c);
+}
+
+void Transformer::block_backward_weight(const BlockWeights& blk, const BlockActivations& a, const BlockOutputGrads& g) {
+  auto& ops = *ops_;
+  ops.linear_backward_weight(blk.down, g.down, a.h_act_lp);
+  ops.linear_backward_weight(blk.up, g.up, a.n2_lp);
+  ops.linear_backward_weight(blk.out, g.out, a.att_lp);
+  ops.linear_backward_weight(blk.qkv, g.qkv, a.n1_lp);
 }
 
 NormViews Transformer::partial_grads(const NormViews& n, ActivationContext& c, int slot) const {
@@ -257,6 +290,50 @@ void Transformer::backward_chunk(ActivationContext& c, const Chunk& ch) {
     h.before_backward(-1);
     ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
     h.after_backward(-1);
+  }
+}
+
+void Transformer::backward_chunk_input(ActivationContext& c, const Chunk& ch) {
+  check_chunk(ch);
+  if (!ops_->splits_backward())
+    throw UnsupportedError("a split (zero-bubble) backward needs the whole model's layer ops, not a tensor-parallel shard's");
+  if (c.split.size() != static_cast<size_t>(cfg_.n_layers))
+    throw Error("internal: a split backward needs a context made with split_backward");
+  const auto s = attention_shape(c.B, c.T);
+  const int64_t L = cfg_.n_layers;
+  LayerHooks none;
+  LayerHooks& h = hooks_ ? *hooks_ : none;
+  // The units' hooks open here and close in the weight pass, when their gradients are final (the
+  // embeddings' and the norms' are computed here).
+  if (ch.head) {
+    h.before_backward(L);
+    ops_->linear_backward_input(c.d_norm, w_.head, c.logits, c.nf_lp);  // logits hold dlogits
+    c.d_res.fill_zero();
+    runner_.norm_backward(w_.norm_f, c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+  }
+  for (int64_t l = ch.last - 1; l >= ch.first; --l) {
+    h.before_backward(l);
+    block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s, &c.split[static_cast<size_t>(l)]);
+  }
+  if (ch.embeddings) {
+    h.before_backward(-1);
+    ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
+    h.after_backward(-1);
+  }
+}
+
+void Transformer::backward_chunk_weight(ActivationContext& c, const Chunk& ch) {
+  check_chunk(ch);
+  const int64_t L = cfg_.n_layers;
+  LayerHooks none;
+  LayerHooks& h = hooks_ ? *hooks_ : none;
+  if (ch.head) {
+    ops_->linear_backward_weight(w_.head, c.logits, c.nf_lp);
+    h.after_backward(L);
+  }
+  for (int64_t l = ch.last - 1; l >= ch.first; --l) {
+    block_backward_weight(w_.blocks[l], c.blocks[l], c.split[static_cast<size_t>(l)]);
+    h.after_backward(l);
   }
 }
 

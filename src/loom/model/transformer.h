@@ -39,7 +39,9 @@ class Transformer {
   // Allocates a context for micro-batches of shape [B, T] (T <= max_seq): for the whole model, or for
   // one chunk (its blocks' saved tensors, its part of the residual stream, the logits when it has the head).
   ActivationContext make_context(int64_t B, int64_t T) const;
-  ActivationContext make_context(int64_t B, int64_t T, const Chunk& chunk) const;
+  // split_backward: also keep each block's linear output gradients for backward_chunk_input /
+  // backward_chunk_weight (zero-bubble schedules).
+  ActivationContext make_context(int64_t B, int64_t T, const Chunk& chunk, bool split_backward = false) const;
 
   // Forward over tokens/targets (I32 [B, T], copied into the context; targets < 0 are ignored).
   // Returns the mean loss over valid targets. With grad_scale > 0 the context keeps
@@ -55,12 +57,21 @@ class Transformer {
   double forward_chunk(ActivationContext& ctx, const Chunk& chunk, const Tensor* tokens, const Tensor* targets,
                        float grad_scale);
   void backward_chunk(ActivationContext& ctx, const Chunk& chunk);
+  // backward_chunk in two passes (zero-bubble schedules; the context made with split_backward): the input
+  // pass leaves d(loss)/d(input) in ctx.d_res as backward_chunk does and computes the norms' and the
+  // embeddings' gradients; the weight pass adds the linears' weight and bias gradients. Together they add
+  // what backward_chunk adds. Needs LayerOps::splits_backward().
+  void backward_chunk_input(ActivationContext& ctx, const Chunk& chunk);
+  void backward_chunk_weight(ActivationContext& ctx, const Chunk& chunk);
   // Called around every unit's use in forward and backward (nullptr: none). Not owned.
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
  private:
+  // split: the block's linears compute only their input gradients and leave their output gradients in
+  // `split` (for block_backward_weight); nullptr: whole.
   void block_backward(const BlockWeights& w, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
-                      const kernels::AttentionShape& s);
+                      const kernels::AttentionShape& s, BlockOutputGrads* split = nullptr);
+  void block_backward_weight(const BlockWeights& w, const BlockActivations& a, const BlockOutputGrads& g);
   // Under sequence parallelism a norm sees only this rank's rows, so its weight gradient is a partial
   // sum: partial_grads points it at slot `slot` of the context's norm_grads scratch (zeroed by the
   // caller), add_partial_grads sums the scratch over the group and adds it to the norms' gradients.

@@ -38,6 +38,7 @@ class TensorParallelOps : public kernels::LayerOps {
   int size() const override { return size_; }
   int sequence_shards() const override { return options_.sequence_parallel ? size_ : 1; }
   void sum_partial_grads(const Tensor& t) override;
+  bool splits_backward() const override { return false; }
 
   void column_forward(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) override;
   void column_backward(const Tensor* dx, const kernels::LinearWeights& l, const Tensor& dy, const Tensor& x) override;

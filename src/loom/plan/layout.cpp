@@ -80,8 +80,8 @@ Verdict check_layout(const Layout& l, const Job& j) {
     return {Reject::Engine,
             "Loom's engine runs data, tensor and pipeline parallelism (dp x ZeRO x tp, sp x pp) only: cp, ep and "
             "recompute wait for it"};
-  if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble)
-    return {Reject::Engine, "Loom's engine does not run the zero-bubble schedule yet"};
+  if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble && l.tp > 1)
+    return {Reject::Engine, "Loom's engine runs the zero-bubble schedule at tp = 1 only (its TP ops do not split backward)"};
   if (j.software.loom_engine && l.pp > 1 && l.zero >= 2 && l.dp > 1)
     return {Reject::Engine, "Loom's engine runs pipeline parallelism with ZeRO 0 or 1 (ZeRO-2/3 reduce per micro-batch backward)"};
   if (l.zero > 0 && l.dp == 1) return div("ZeRO needs dp > 1");

@@ -43,7 +43,9 @@ model::ActivationContext& PipelineExecutor::context(int chunk, int micro_batch, 
       s.micro_batch = micro_batch;
       return s.ctx;
     }
-  slots.push_back({model_.make_context(micro_batch_, seq_, chunks_[static_cast<size_t>(chunk)]), micro_batch});
+  slots.push_back({model_.make_context(micro_batch_, seq_, chunks_[static_cast<size_t>(chunk)],
+                                      kind_ == spec::PipelineSchedule::ZeroBubbleH1),
+                   micro_batch});
   return slots.back().ctx;
 }
 
@@ -52,13 +54,17 @@ void PipelineExecutor::release(int chunk, int micro_batch) {
     if (s.micro_batch == micro_batch) s.micro_batch = -1;
 }
 
+// The weight-gradient pass of a split backward exchanges nothing; the input-gradient pass does what a
+// whole backward does.
 bool PipelineExecutor::receives(const spec::PipelineAction& a) const {
   const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+  if (a.pass == spec::Pass::BackwardWeight) return false;
   return a.pass == spec::Pass::Forward ? !ch.embeddings : !ch.head;
 }
 
 bool PipelineExecutor::sends(const spec::PipelineAction& a) const {
   const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
+  if (a.pass == spec::Pass::BackwardWeight) return false;
   return a.pass == spec::Pass::Forward ? !ch.head : !ch.embeddings;
 }
 
@@ -121,16 +127,18 @@ double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, c
       if (ch.head) loss += l;
     } else if (a.pass == spec::Pass::Backward) {
       model_.backward_chunk(c, ch);
+    } else if (a.pass == spec::Pass::BackwardInput) {
+      model_.backward_chunk_input(c, ch);
     } else {
-      throw Error("internal: the pipeline executor runs whole backward passes, not split ones");
+      model_.backward_chunk_weight(c, ch);
     }
-    // This action's send goes out with the next action's receive. A context whose backward is done, or
-    // an evaluation forward's, is free once its send has gone.
+    // This action's send goes out with the next action's receive. A context whose backward is done (its
+    // whole or its weight pass), or an evaluation forward's, is free once its send has gone.
     std::vector<comm::ProcessGroup::PeerOp> ops;
     if (sends(a)) ops.push_back(send_of(a));
     if (i + 1 < actions.size() && receives(actions[i + 1])) ops.push_back(receive_of(actions[i + 1]));
     if (!ops.empty()) post(ops);
-    if (a.pass != spec::Pass::Forward || grad_scale <= 0) {
+    if (a.pass == spec::Pass::Backward || a.pass == spec::Pass::BackwardWeight || grad_scale <= 0) {
       wait();
       release(a.chunk, a.micro_batch);
     }

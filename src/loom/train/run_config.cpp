@@ -178,7 +178,7 @@ const std::vector<Field>& fields() {
                 "with tp > 1: run the weight-gradient GEMM while the input-gradient collective is in flight"),
       LOOM_INT("parallel.pp", parallel.pp, 1, 65536, "pipeline-parallel degree"),
       LOOM_STRING("parallel.pipeline.schedule", parallel.pipeline_schedule,
-                  "with pp > 1: \"gpipe\", \"1f1b\" or \"interleaved-1f1b\" (\"zb-h1\" is planned and checked, not yet run)"),
+                  "with pp > 1: \"gpipe\", \"1f1b\", \"interleaved-1f1b\" or \"zb-h1\" (tp = 1)"),
       LOOM_INT("parallel.pipeline.virtual_stages", parallel.pipeline_virtual_stages, 1, 65536,
                "model chunks per pipeline rank (interleaved-1f1b: at least 2)"),
       LOOM_STRING("parallel.pipeline.layers", parallel.pipeline_layers,
@@ -349,8 +349,10 @@ void RunConfig::validate() const {
   if (p.pp > 1) {
     // The schedule and the cut must be possible before any rank starts.
     const auto kind = spec::parse_schedule(p.pipeline_schedule);
-    need(kind != spec::PipelineSchedule::ZeroBubbleH1,
-         "parallel.pipeline.schedule = \"zb-h1\" is built and checked but not run yet: use \"1f1b\" or \"interleaved-1f1b\"");
+    need(kind != spec::PipelineSchedule::ZeroBubbleH1 || p.tp == 1,
+         "parallel.pipeline.schedule = \"zb-h1\" with parallel.tp = " + s(p.tp) +
+             " is not supported yet: the tensor-parallel ops do not split their backward into input- and "
+             "weight-gradient passes; use \"1f1b\" with tp, or zb-h1 with tp = 1");
     // ZeRO-1 reduces every gradient once, after the schedule; ZeRO-2/3 keep no whole gradient and reduce
     // (and free) each block's during its backward, once per micro-batch, in the order of one backward.
     need(p.zero <= 1 || p.dp == 1,
