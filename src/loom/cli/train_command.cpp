@@ -48,7 +48,8 @@ void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.vpp = static_cast<int>(cfg.parallel.pipeline_virtual_stages);
   plan::EnginePipeline pipe{cfg.train.batch_size / (cfg.parallel.dp * cfg.micro_batch()),
-                            spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers")};
+                            spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers"),
+                            cfg.parallel.pipeline_bf16_transfers};
   if (l.pp > 1) {
     switch (spec::parse_schedule(cfg.parallel.pipeline_schedule)) {
       case spec::PipelineSchedule::GPipe: l.schedule = plan::Schedule::GPipe; break;

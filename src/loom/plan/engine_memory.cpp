@@ -207,6 +207,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     m.activations += n * context_bytes(w, blocks, head, sp, bf16, l.schedule == Schedule::ZeroBubble);
   }
   m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16);
+  if (bf16 && pipe.bf16_transfers) m.activations += 2 * 2 * w.R * w.C;  // the executor's bf16 wire buffers
   return m;
   return m;
 }

@@ -28,6 +28,7 @@ struct EngineMemory {
 struct EnginePipeline {
   int64_t micro_batches = 1;
   std::vector<int64_t> layers;
+  bool bf16_transfers = true;  // bf16 runs: one bf16 send and one receive buffer of a micro-batch's residual rows
 };
 
 // Peak bytes per category of rank 0 for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch,

@@ -12,11 +12,11 @@ namespace {
 constexpr uint64_t kPipelineTag = uint64_t{0x5B0} << 40;
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(model::Transformer& model, comm::ProcessGroup& pp, const spec::PipelineStages& stages,
-                                   spec::PipelineSchedule kind, int64_t micro_batch, int64_t seq,
-                                   profile::Tracer* tracer)
-    : model_(model), pp_(pp), stages_(stages), kind_(kind), micro_batch_(micro_batch), seq_(seq), tracer_(tracer),
-      rank_(pp.rank()), size_(pp.size()) {
+PipelineExecutor::PipelineExecutor(model::Transformer& model, kernels::Backend& backend, comm::ProcessGroup& pp,
+                                   const spec::PipelineStages& stages, spec::PipelineSchedule kind, int64_t micro_batch,
+                                   int64_t seq, bool bf16_wire, profile::Tracer* tracer)
+    : model_(model), backend_(backend), pp_(pp), stages_(stages), kind_(kind), micro_batch_(micro_batch), seq_(seq),
+      tracer_(tracer), rank_(pp.rank()), size_(pp.size()), bf16_wire_(bf16_wire) {
   const int K = stages_.chunks();
   for (int c = 0; c < stages_.v; ++c) {
     const int g = c * size_ + rank_;
@@ -68,29 +68,37 @@ bool PipelineExecutor::sends(const spec::PipelineAction& a) const {
   return a.pass == spec::Pass::Forward ? !ch.head : !ch.embeddings;
 }
 
+Tensor PipelineExecutor::wire(Tensor& buffer, const Tensor& t) {
+  if (!bf16_wire_) return t;
+  if (!buffer.defined() || buffer.numel() < t.numel())
+    buffer = Tensor::empty({t.numel()}, DType::BF16, backend_.allocator(), MemCategory::Activations);
+  return buffer.view(0, t.shape());
+}
+
 comm::ProcessGroup::PeerOp PipelineExecutor::receive_of(const spec::PipelineAction& a) {
   const int g = a.chunk * size_ + rank_;
   const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
-  if (a.pass == spec::Pass::Forward) {
-    // The previous chunk's output, into this chunk's input row of the residual stream.
-    const Tensor& in = context(a.chunk, a.micro_batch, true).residual[static_cast<size_t>(ch.first)];
-    return {false, in.raw(), static_cast<size_t>(in.numel()), DType::F32, stages_.rank_of(g - 1), tag(a.micro_batch, g, false)};
-  }
-  const Tensor& d = context(a.chunk, a.micro_batch, false).d_res;
-  return {false, d.raw(), static_cast<size_t>(d.numel()), DType::F32, stages_.rank_of(g + 1), tag(a.micro_batch, g, true)};
+  // Forward: the previous chunk's output, into this chunk's input row of the residual stream; backward:
+  // the gradient of this chunk's output.
+  const bool forward = a.pass == spec::Pass::Forward;
+  auto& c = context(a.chunk, a.micro_batch, forward);
+  const Tensor& target = forward ? c.residual[static_cast<size_t>(ch.first)] : c.d_res;
+  const Tensor in = wire(wire_in_, target);
+  if (bf16_wire_) arriving_ = target;
+  return {false, in.raw(), static_cast<size_t>(in.numel()), in.dtype(), stages_.rank_of(forward ? g - 1 : g + 1),
+          tag(a.micro_batch, g, !forward)};
 }
 
 comm::ProcessGroup::PeerOp PipelineExecutor::send_of(const spec::PipelineAction& a) {
   const int g = a.chunk * size_ + rank_;
   const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
   auto& c = context(a.chunk, a.micro_batch, false);
-  if (a.pass == spec::Pass::Forward) {
-    const Tensor& out = c.residual[static_cast<size_t>(ch.last)];
-    return {true, out.raw(), static_cast<size_t>(out.numel()), DType::F32, stages_.rank_of(g + 1),
-            tag(a.micro_batch, g + 1, false)};
-  }
-  return {true, c.d_res.raw(), static_cast<size_t>(c.d_res.numel()), DType::F32, stages_.rank_of(g - 1),
-          tag(a.micro_batch, g - 1, true)};
+  const bool forward = a.pass == spec::Pass::Forward;
+  const Tensor& source = forward ? c.residual[static_cast<size_t>(ch.last)] : c.d_res;
+  const Tensor out = wire(wire_out_, source);
+  if (bf16_wire_) backend_.cast(out, source);
+  return {true, out.raw(), static_cast<size_t>(out.numel()), out.dtype(), stages_.rank_of(forward ? g + 1 : g - 1),
+          tag(a.micro_batch, forward ? g + 1 : g - 1, !forward)};
 }
 
 double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, const Tensor& tokens,
@@ -99,18 +107,25 @@ double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, c
   comm::Work pending;  // the previous action's send with this action's receive
   // Both halves count as waiting: a small exchange runs inline, inside send_recv_many, when nothing is
   // queued ahead of it (comm::ProcessGroup::submit), a large one on the progress thread until wait().
-  auto timed = [&](const char* name, auto&& body) {
-    profile::Span span(tracer_, name, profile::Category::Communication);
+  auto timed = [&](const char* name, double bytes, auto&& body) {
+    profile::Span span(tracer_, name, profile::Category::Communication, 0, bytes);
     const auto t0 = std::chrono::steady_clock::now();
     body();
     wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   auto post = [&](std::span<const comm::ProcessGroup::PeerOp> ops) {
-    timed("pp_transfer_post", [&] { pending = pp_.send_recv_many(ops); });
+    double bytes = 0;  // sent and received, as the span's traffic
+    for (const auto& op : ops) bytes += static_cast<double>(op.count * dtype_size(op.dtype));
+    timed("pp_transfer_post", bytes, [&] { pending = pp_.send_recv_many(ops); });
   };
   auto wait = [&] {
-    timed("pp_transfer_wait", [&] { pending.wait(); });
+    timed("pp_transfer_wait", 0, [&] { pending.wait(); });
     pending = comm::Work();
+    // A bf16 receive lands in the wire buffer: into the residual stream (or its gradient) before use.
+    if (arriving_.defined()) {
+      backend_.cast(arriving_, wire_in_.view(0, arriving_.shape()));
+      arriving_ = Tensor();
+    }
   };
   if (!actions.empty() && receives(actions.front())) {
     const auto r = receive_of(actions.front());

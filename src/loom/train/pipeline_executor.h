@@ -24,8 +24,11 @@ class PipelineExecutor {
   // fill(micro_batch, tokens, targets): the micro-batch's samples (the chunks with the embeddings and
   // with the head each read the data themselves: it is a function of the sample index).
   using Fill = std::function<void(int64_t micro_batch)>;
-  PipelineExecutor(model::Transformer& model, comm::ProcessGroup& pp, const spec::PipelineStages& stages,
-                   spec::PipelineSchedule kind, int64_t micro_batch, int64_t seq, profile::Tracer* tracer);
+  // bf16_wire: activations and their gradients cross stages as bf16 (cast from and to the f32 residual
+  // stream through one send and one receive buffer: at most one grouped exchange is in flight).
+  PipelineExecutor(model::Transformer& model, kernels::Backend& backend, comm::ProcessGroup& pp,
+                   const spec::PipelineStages& stages, spec::PipelineSchedule kind, int64_t micro_batch, int64_t seq,
+                   bool bf16_wire, profile::Tracer* tracer);
 
   // One training step over `micro_batches` micro-batches: returns the sum of their mean losses on the
   // rank with the head (0 elsewhere). grad_scale as for Transformer::forward.
@@ -57,7 +60,11 @@ class PipelineExecutor {
   bool sends(const spec::PipelineAction& a) const;
   uint64_t tag(int micro_batch, int global_chunk, bool backward) const;
 
+  // The buffer a transfer of `t` goes through: `t` itself in f32, else this direction's bf16 wire buffer.
+  Tensor wire(Tensor& buffer, const Tensor& t);
+
   model::Transformer& model_;
+  kernels::Backend& backend_;
   comm::ProcessGroup& pp_;
   spec::PipelineStages stages_;
   spec::PipelineSchedule kind_;
@@ -71,6 +78,9 @@ class PipelineExecutor {
   };
   std::vector<std::vector<Slot>> slots_;  // per local chunk
   double wait_seconds_ = 0;
+  bool bf16_wire_;
+  Tensor wire_in_, wire_out_;  // bf16 wire: the receive and send buffers
+  Tensor arriving_;            // bf16 wire: where the receive in flight goes once it has landed
 };
 
 }  // namespace loom::train

@@ -183,6 +183,9 @@ const std::vector<Field>& fields() {
                "model chunks per pipeline rank (interleaved-1f1b: at least 2)"),
       LOOM_STRING("parallel.pipeline.layers", parallel.pipeline_layers,
                   "blocks per chunk, e.g. \"7,8,8,7\" (empty: balanced by declared cost)"),
+      LOOM_BOOL("parallel.pipeline.bf16_transfers", parallel.pipeline_bf16_transfers,
+                "in bf16 runs: activations and their gradients cross stages in bf16 (half the bytes; false: f32, "
+                "which reproduces one rank's numbers exactly)"),
       LOOM_INT("parallel.cp", parallel.cp, 1, 65536, "context-parallel degree"),
       LOOM_INT("parallel.ep", parallel.ep, 1, 65536, "expert-parallel degree"),
       LOOM_INT("parallel.zero", parallel.zero, 0, 3, "ZeRO stage 0-3"),

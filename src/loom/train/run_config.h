@@ -62,6 +62,7 @@ struct ParallelSection {
   std::string pipeline_schedule = "1f1b";  // with pp: gpipe | 1f1b | interleaved-1f1b | zb-h1
   int64_t pipeline_virtual_stages = 1;     // chunks per pipeline rank (interleaved-1f1b: >= 2)
   std::string pipeline_layers;             // blocks per chunk, "7,8,8,7" (empty: balanced by cost)
+  bool pipeline_bf16_transfers = true;     // bf16 runs: stage-to-stage transfers in bf16
   int64_t zero = 0;
   int64_t bucket_kb = 4096;  // data-parallel gradient bucket; 0: one all-reduce after backward
   std::string zero_release = "lazy";  // how ZeRO-2/3 give pages back: "lazy" (MADV_FREE) or "eager"

@@ -61,8 +61,9 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc,
       data_parallel_->optimizer_pieces());
   if (pp_)
-    pipeline_ = std::make_unique<PipelineExecutor>(*model_, *pp_, par_.stages, spec::parse_schedule(cfg_.parallel.pipeline_schedule),
-                                                   cfg_.micro_batch(), cfg_.seq_len(), backend_.tracer());
+    pipeline_ = std::make_unique<PipelineExecutor>(
+        *model_, backend_, *pp_, par_.stages, spec::parse_schedule(cfg_.parallel.pipeline_schedule), cfg_.micro_batch(),
+        cfg_.seq_len(), lowp_mode && cfg_.parallel.pipeline_bf16_transfers, backend_.tracer());
   else
     ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
   data_parallel_->attach({params_->master().data<float>(), params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
