@@ -35,6 +35,14 @@ TEST(PipelineCli, VerifyPassesForEveryScheduleOnGpt2AndLlamaInBothPrecisions) {
       EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
       EXPECT_EQ(count(r.out, "PASS"), 7) << r.out;
     }
+  // pp = 4 under gpipe and interleaved (8 chunks of 8 blocks), GPT-2 in fp32 and Llama in bf16.
+  for (const char* model : {"--set model.preset=tiny --set precision=fp32", "--set model.preset=tiny-llama --set precision=bf16"}) {
+    SCOPED_TRACE(model);
+    auto r = run_loom("verify " + kTiny + "--steps 3 " + model + " --set model.n_layers=8 --set train.batch_size=8 "
+                      "--set train.micro_batch_size=2 --layouts \"dp=1;pp=4,schedule=gpipe;pp=4,v=2,schedule=interleaved-1f1b\"");
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
+  }
   // An explicit uneven cut (one block on the first stage, three on the second) is a layout key; set for
   // every layout it would reach the reference, which has no pipeline, and is refused.
   auto r = run_loom("verify " + kTiny + "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
@@ -118,10 +126,13 @@ TEST(PipelineCli, VerifyPassesComposedWithTensorParallelismAndZero1) {
       EXPECT_EQ(r.rc, 0) << r.out << r.err;
       EXPECT_EQ(count(r.out, "PASS"), 3) << r.out;
     }
-  auto r = run_loom("verify " + kTiny + "--steps 3 --set precision=bf16 --set model.n_layers=4 --set train.batch_size=8 "
-                    "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2,dp=2,tp=2,zero=1\"");
-  EXPECT_EQ(r.rc, 0) << r.out << r.err;
-  EXPECT_EQ(count(r.out, "PASS"), 1) << r.out;
+  for (const char* model : {"--set model.preset=tiny --set precision=bf16", "--set model.preset=tiny-llama --set precision=fp32"}) {
+    SCOPED_TRACE(model);
+    auto r = run_loom("verify " + kTiny + "--steps 3 " + model + " --set model.n_layers=4 --set train.batch_size=8 "
+                      "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2,dp=2,tp=2,zero=1\"");
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_EQ(count(r.out, "PASS"), 1) << r.out;
+  }
 }
 
 // A pp=2 x tp=2 checkpoint holds whole tensors (each stage's tp shards gathered, then the stages), and
