@@ -186,6 +186,27 @@ TEST(PipelineCli, Bf16RunsSendBf16AcrossStagesUnlessAskedForF32) {
   fs::remove_all(one), fs::remove_all(f32), fs::remove_all(bf);
 }
 
+// Transfers larger than a shared-memory channel takes without its receiver (1 MiB; here 1024 rows x 512
+// x 4 B = 2 MiB): GPipe, 1F1B and zb-h1 run; interleaved stages could wait on each other forever, so it is
+// refused before any step, naming the sizes and what to use instead.
+TEST(PipelineCli, TransfersLargerThanAChannelRunOrAreRefused) {
+  const std::string big = kTiny + "--quiet --set model.d_model=512 --set model.d_ff=512 --set model.n_layers=4 "
+                          "--set train.seq_len=64 --set train.batch_size=64 --set train.micro_batch_size=16 "
+                          "--set train.steps=1 --set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.pp=2";
+  for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
+    SCOPED_TRACE(schedule);
+    auto r = run_loom("run -n 2 -- loom train " + big + " --set parallel.pipeline.schedule=" + schedule,
+                      "LOOM_COMM_TIMEOUT=60");
+    EXPECT_EQ(r.rc, 0) << r.err;
+  }
+  auto r = run_loom("run -n 2 -- loom train " + big + " --set parallel.pipeline.schedule=interleaved-1f1b "
+                    "--set parallel.pipeline.virtual_stages=2", "LOOM_COMM_TIMEOUT=60");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("\"interleaved-1f1b\" sends 2.00 MiB per transfer (1024 rows x 512 wide, f32), more "
+                               "than the 1.00 MiB a shm pipeline channel takes without its receiver"));
+  EXPECT_THAT(r.err, HasSubstr("Use \"zb-h1\" or \"1f1b\""));
+}
+
 // Each stage's idle fraction is measured from its own waits and reported beside the schedule's theory,
 // per step in metrics.jsonl and as medians in the summary.
 TEST(PipelineCli, TheBubbleIsMeasuredPerStageBesideTheTheory) {

@@ -71,9 +71,10 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
   }
 }
 
-// Pipeline parallelism: rank 0 holds the first stage's chunks and one activation context per micro-batch
-// the schedule keeps in flight there (1F1B: pp; GPipe: all m; interleaved: per chunk), so the measured
-// activation peak is the schedule's promise on memory, predicted to the byte.
+// Pipeline parallelism: each stage's rank holds its chunks (the first the embeddings, the last the head
+// and its logits) and one activation context per micro-batch the schedule keeps in flight there (1F1B:
+// pp - r on the first stage's ...; GPipe: all m; interleaved: per chunk), so the measured activation peak
+// of every stage is the schedule's promise on memory, predicted to the byte.
 struct PipeCase {
   const char* preset;
   const char* precision;
@@ -84,7 +85,7 @@ struct PipeCase {
   const char* layers;  // explicit cut, or ""
 };
 
-TEST(EngineMemory, PredictsPipelineRankZerosPeakBytesUnderEachSchedule) {
+TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
   const PipeCase cases[] = {
       {"tiny", "fp32", 2, 1, 0, 1, false, "1f1b", 1, ""},   {"tiny", "fp32", 2, 1, 0, 1, false, "gpipe", 1, ""},
       {"tiny", "bf16", 2, 1, 0, 1, false, "interleaved-1f1b", 2, ""},
@@ -108,7 +109,7 @@ TEST(EngineMemory, PredictsPipelineRankZerosPeakBytesUnderEachSchedule) {
                       std::to_string(c.v) + (*c.layers ? std::string(" --set parallel.pipeline.layers=") + c.layers : "") +
                       " --set train.out_dir=" + (dir / "out").string());
     ASSERT_EQ(r.rc, 0) << r.err;
-    const auto measured = nlohmann::json::parse(r.out)["peak_bytes_by_category"];
+    const auto by_rank = nlohmann::json::parse(r.out)["peak_bytes_by_rank"];
     plan::Layout l;
     l.pp = c.pp, l.dp = c.dp, l.zero = c.zero, l.tp = c.tp, l.sp = c.sp, l.micro_batch = micro, l.vpp = c.v;
     const std::string schedule = c.schedule;
@@ -118,16 +119,22 @@ TEST(EngineMemory, PredictsPipelineRankZerosPeakBytesUnderEachSchedule) {
                                        : plan::Schedule::Interleaved;
     auto model = spec::preset(c.preset);
     model.n_layers = 4;
-    const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16",
-                                                    {batch / (c.dp * micro), spec::parse_layer_counts(c.layers, "layers")});
-    const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
-                                                   {"gradients", predicted.gradients},
-                                                   {"optimizer", predicted.optimizer},
-                                                   {"activations", predicted.activations}};
-    for (const auto& [category, bytes] : rows)
-      EXPECT_EQ(bytes, measured[category].get<double>())
-          << c.preset << " " << c.precision << " pp=" << c.pp << " dp=" << c.dp << " zero=" << c.zero << " tp=" << c.tp
-          << " sp=" << c.sp << " " << c.schedule << " v=" << c.v << " layers=" << c.layers << ": " << category;
+    // Every stage, by its first rank (the mesh is (pp, dp, cp, tp), tp fastest).
+    for (int stage = 0; stage < c.pp; ++stage) {
+      const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16",
+                                                      {batch / (c.dp * micro), spec::parse_layer_counts(c.layers, "layers")},
+                                                      stage);
+      const auto& measured = by_rank[static_cast<size_t>(stage * c.dp * c.tp)];
+      const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
+                                                     {"gradients", predicted.gradients},
+                                                     {"optimizer", predicted.optimizer},
+                                                     {"activations", predicted.activations}};
+      for (const auto& [category, bytes] : rows)
+        EXPECT_EQ(bytes, measured[category].get<double>())
+            << c.preset << " " << c.precision << " pp=" << c.pp << " dp=" << c.dp << " zero=" << c.zero << " tp=" << c.tp
+            << " sp=" << c.sp << " " << c.schedule << " v=" << c.v << " layers=" << c.layers << " stage " << stage
+            << ": " << category;
+    }
   }
 }
 

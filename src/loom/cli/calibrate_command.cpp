@@ -284,6 +284,8 @@ int run_calibrate(const CalibrateOptions &o) {
 
 } // namespace
 
+double stream_bandwidth(size_t array_bytes, int passes) { return time_triad(array_bytes, passes).bytes_per_s; }
+
 void register_calibrate(CLI::App &app, Action &action) {
   auto *cmd = app.add_subcommand(
       "calibrate",

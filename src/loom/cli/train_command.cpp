@@ -58,7 +58,13 @@ void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
       case spec::PipelineSchedule::ZeroBubbleH1: l.schedule = plan::Schedule::ZeroBubble; break;
     }
   }
-  const auto need = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16, pipe);
+  // The heaviest pipeline stage decides (the first holds the embeddings, the last the logits).
+  plan::EngineMemory need;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    const auto m = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16,
+                                            pipe, stage);
+    if (m.total() > need.total()) need = m;
+  }
   const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (have > 0 && need.total() * ranks_on_node > have)
@@ -132,6 +138,7 @@ int run_train(const TrainOptions& o) {
     for (const auto& [cat, bytes] : sum.peak_bytes_by_category) j["peak_bytes_by_category"][cat] = bytes;
     for (const auto& [cat, bytes] : sum.live_bytes_by_category) j["live_bytes_by_category"][cat] = bytes;
     if (sum.on_demand_resident_bytes) j["on_demand_resident_bytes"] = *sum.on_demand_resident_bytes;
+    if (!sum.peak_bytes_by_rank.empty()) j["peak_bytes_by_rank"] = sum.peak_bytes_by_rank;
     if (const auto& b = sum.pipeline)
       j["pipeline"] = {{"schedule", b->schedule}, {"idle_by_stage", b->idle}, {"bubble_theory", b->theory}};
     if (const auto& t = sum.step_split)

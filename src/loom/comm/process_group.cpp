@@ -100,6 +100,8 @@ ProcessGroup::~ProcessGroup() {
 
 const char* ProcessGroup::transport_name() const { return local_ ? "shm+mpi" : transport_->name(); }
 
+size_t ProcessGroup::buffered_message_bytes() const { return local_ ? 0 : transport_->buffered_message_bytes(); }
+
 void ProcessGroup::set_hierarchy(std::unique_ptr<Transport> local, std::unique_ptr<Transport> cross) {
   local_ = std::move(local);
   cross_ = std::move(cross);

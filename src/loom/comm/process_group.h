@@ -82,6 +82,9 @@ class ProcessGroup {
   const std::vector<int>& ranks() const { return ranks_; }  // global ranks, by group rank
   const std::string& id() const { return id_; }
   const char* transport_name() const;
+  // Bytes of one point-to-point message a send hands over without waiting for its receiver
+  // (Transport::buffered_message_bytes; 0 across nodes).
+  size_t buffered_message_bytes() const;
   Tuning& tuning() { return tuning_; }
 
   Work all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);

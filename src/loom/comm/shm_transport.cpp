@@ -318,6 +318,10 @@ void ShmTransport::send_recv_many(std::span<const PeerSend> sends, std::span<con
     if (!step()) wait_for("the peers of a grouped send/recv", peer, step);
 }
 
+size_t ShmTransport::buffered_message_bytes() const {
+  return layout_->chunk_payload() * static_cast<size_t>(layout_->k);
+}
+
 std::optional<std::span<std::byte>> ShmTransport::arena_allocate(size_t bytes) {
   auto off = arena_free_.allocate(bytes);
   if (!off) return std::nullopt;

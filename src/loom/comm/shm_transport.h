@@ -47,6 +47,7 @@ class ShmTransport final : public Transport {
   void recv(int peer, uint64_t tag, std::span<std::byte> data) override;
   void send_recv(int to, std::span<const std::byte> out, int from, std::span<std::byte> in) override;
   void send_recv_many(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) override;
+  size_t buffered_message_bytes() const override;
   std::optional<std::span<std::byte>> arena_allocate(size_t bytes) override;
   void arena_free(std::span<std::byte> block) override;
   std::optional<uint64_t> arena_offset(const void* p, size_t bytes) const override;

@@ -81,6 +81,10 @@ class Transport {
     std::span<std::byte> data;
   };
   virtual void send_recv_many(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) = 0;
+  // Bytes of one message a send hands over before its receiver takes any (the channel's buffer; 0 when
+  // a large send waits for its receiver, as MPI's rendezvous does): a send that fits never waits for
+  // the peer's receive, which some pipeline schedules rely on.
+  virtual size_t buffered_message_bytes() const { return 0; }
 
   // Registered memory: a per-rank arena that peers can read. allocate() returns nullopt when full.
   virtual std::optional<std::span<std::byte>> arena_allocate(size_t bytes) = 0;

@@ -58,7 +58,11 @@ struct Widths {
     KV = static_cast<double>(c.n_kv_heads >= tp ? c.n_kv_heads / tp : 1);
     F = static_cast<double>(c.d_ff / tp);
     const bool llama = c.arch == spec::Arch::Llama;
-    V = static_cast<double>(table.at(llama ? "model.embed_tokens.weight" : "transformer.wte.weight").shape[0]);
+    // This shard's vocabulary rows (padded), from whichever of the embedding and the head it holds (a
+    // middle pipeline stage holds neither and has no logits).
+    V = 0;
+    for (const char* name : {llama ? "model.embed_tokens.weight" : "transformer.wte.weight", "lm_head.weight"})
+      if (table.index_of(name)) V = static_cast<double>(table.at(name).shape[0]);
     QKV = (H + 2.0 * KV) * D;
     HPRE = llama ? 2 * F : F;
     R = sp ? N / tp : N;  // residual-stream rows on this rank
@@ -128,7 +132,7 @@ spec::PipelineSchedule engine_schedule(Schedule s) {
 }  // namespace
 
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
-                                const EnginePipeline& pipe) {
+                                const EnginePipeline& pipe, int pipeline_rank) {
   if (l.cp != 1 || l.ep != 1)
     throw ConfigError("Loom's engine runs data, tensor and pipeline parallelism (cp = ep = 1), not " + l.str());
   // Rank 0's shard: under tp every rank holds the same amount, padding of the vocabulary aside (rank 0
@@ -142,7 +146,9 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     if (l.schedule == Schedule::ZeroBubble && l.tp > 1)
       throw ConfigError("Loom's engine runs the zero-bubble schedule at tp = 1, not " + l.str());
     stages = spec::cut_pipeline(cfg, seq, l.pp, l.vpp, pipe.layers);
-    const spec::TableShard stage = stages->shard_of(0);
+    if (pipeline_rank < 0 || pipeline_rank >= l.pp)
+      throw ConfigError("pipeline rank " + std::to_string(pipeline_rank) + " is not one of pp = " + std::to_string(l.pp));
+    const spec::TableShard stage = stages->shard_of(pipeline_rank);
     shard = stage, shard.tp_rank = 0, shard.tp_size = l.tp;
   }
   const auto table = spec::build_param_table(cfg, shard);
@@ -196,10 +202,11 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   // The executor keeps one context per micro-batch it holds at once on each chunk, training or validating.
   const auto plan = spec::build_pipeline_schedule(engine_schedule(l.schedule), l.pp, l.vpp,
                                                   static_cast<int>(pipe.micro_batches));
-  const auto training = spec::contexts_held(plan, 0), validating = spec::contexts_held(plan, 0, true);
-  RankPart part{0, true, false};
+  const auto training = spec::contexts_held(plan, pipeline_rank),
+             validating = spec::contexts_held(plan, pipeline_rank, true);
+  RankPart part{0, pipeline_rank == 0, false};
   for (int c = 0; c < l.vpp; ++c) {
-    const int g = plan.global_chunk(0, c);
+    const int g = plan.global_chunk(pipeline_rank, c);
     const int64_t blocks = stages->layers[static_cast<size_t>(g)];
     const bool head = g == stages->chunks() - 1;
     part.blocks += blocks, part.head = part.head || head;

@@ -31,10 +31,12 @@ struct EnginePipeline {
   bool bf16_transfers = true;  // bf16 runs: one bf16 send and one receive buffer of a micro-batch's residual rows
 };
 
-// Peak bytes per category of rank 0 for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch,
+// Peak bytes per category of rank 0 (or of a pipeline stage's first rank) for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch,
 // pp with its schedule and vpp; cp, ep must be 1; ZeRO 2/3 not with pp) at sequence length `seq`, in
 // bf16 or fp32 mode. Checkpoint saves are not in it (rank 0 then gathers whole tensors for a while).
+// pipeline_rank: which stage's rank (tp rank 0 of it) under pp; the first stage holds the embeddings,
+// the last the head and its logits, so the heaviest may be any (a memory check takes the largest).
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
-                                const EnginePipeline& pipe = {});
+                                const EnginePipeline& pipe = {}, int pipeline_rank = 0);
 
 }  // namespace loom::plan

@@ -40,7 +40,10 @@ double median(std::vector<double> v) {
 }
 
 // Every rank's memory by category, at rest (live after the last step) and at peak, as a table.
-std::string memory_table(const Allocator& alloc, comm::ProcessGroup& world) {
+// Collective: every rank's live and peak bytes per category, on every rank; the table rank 0 prints,
+// and each rank's peaks by category name into `peaks`.
+std::string memory_table(const Allocator& alloc, comm::ProcessGroup& world,
+                         std::vector<std::map<std::string, uint64_t>>& peaks) {
   std::vector<uint64_t> mine;
   for (int c = 0; c < kMemCategoryCount; ++c) {
     mine.push_back(alloc.stats(static_cast<MemCategory>(c)).live);
@@ -48,6 +51,10 @@ std::string memory_table(const Allocator& alloc, comm::ProcessGroup& world) {
   }
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(world.size()));
   world.all_gather(mine.data(), all.data(), mine.size(), DType::I64).wait();
+  peaks.assign(static_cast<size_t>(world.size()), {});
+  for (int r = 0; r < world.size(); ++r)
+    for (int c = 0; c < kMemCategoryCount; ++c)
+      peaks[static_cast<size_t>(r)][std::string(mem_category_name(static_cast<MemCategory>(c)))] = all[r * mine.size() + 2 * c + 1];
   std::string table = "memory per rank, MiB at rest / peak:\n  rank";
   for (int c = 0; c < kMemCategoryCount; ++c) table += fmt::format(" {:>17}", mem_category_name(static_cast<MemCategory>(c)));
   for (int r = 0; r < world.size(); ++r) {
@@ -274,7 +281,7 @@ SessionSummary Session::run() {
     sum.pipeline = std::move(b);
   }
   if (world) {
-    const std::string t = memory_table(alloc, world->group());  // collective: every rank takes part
+    const std::string t = memory_table(alloc, world->group(), sum.peak_bytes_by_rank);  // collective: every rank takes part
     say(t);
   }
   if (sum.mfu > 1.0)

@@ -48,7 +48,8 @@ struct SessionSummary {
   double peak_flops = 0;
   int threads = 0;
   uint64_t peak_bytes = 0;
-  std::map<std::string, uint64_t> peak_bytes_by_category, live_bytes_by_category;
+  std::map<std::string, uint64_t> peak_bytes_by_category, live_bytes_by_category;  // this rank's
+  std::vector<std::map<std::string, uint64_t>> peak_bytes_by_rank;  // every rank's peaks (multi-rank jobs)
   std::optional<uint64_t> on_demand_resident_bytes;  // ZeRO: pages actually resident
   // Rank 0's traced time per step after the first steps (trace.summary on): wall, GEMMs, other kernels,
   // communication waited for (exposed), asynchronous collectives in flight and the part of that hidden

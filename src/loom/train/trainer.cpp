@@ -1,5 +1,7 @@
 #include "loom/train/trainer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,6 +62,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   optimizer_ = std::make_unique<AdamW>(
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc,
       data_parallel_->optimizer_pieces());
+  if (pp_) check_pipeline_messages_fit();
   if (pp_)
     pipeline_ = std::make_unique<PipelineExecutor>(
         *model_, backend_, *pp_, par_.stages, spec::parse_schedule(cfg_.parallel.pipeline_schedule), cfg_.micro_batch(),
@@ -106,7 +109,10 @@ StepMetrics Trainer::train_step(int64_t step) {
     const double schedule_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pp_t0).count();
     double idle = schedule_s > 0 ? (pipeline_->wait_seconds() - pp_wait0) / schedule_s : 0.0;
     pipeline_idle.assign(static_cast<size_t>(pp_->size()), 0.0);
-    pp_->all_gather(&idle, pipeline_idle.data(), 1, DType::F64).wait();
+    {
+      profile::Span span(tracer, "pp_idle_gather", profile::Category::Communication);
+      pp_->all_gather(&idle, pipeline_idle.data(), 1, DType::F64).wait();
+    }
     sum_tied_embedding_grads();
     loss_sum = pp_sum(loss_sum);
     if (!std::isfinite(loss_sum))
@@ -183,6 +189,11 @@ void Trainer::check_finite_gradients(int64_t step) const {
     throw NumericError("step " + std::to_string(step) +
                        ": gradient norm is non-finite; this rank's gradient pieces are finite, so another data-parallel "
                        "rank's are not (see its error); lower train.lr or set train.grad_clip");
+  if (pp_ || tp_)
+    throw NumericError("step " + std::to_string(step) +
+                       ": gradient norm is non-finite; this rank's gradients are finite, so another pipeline stage's or "
+                       "tensor-parallel rank's are not (see its error), or the sum of squares overflowed; lower train.lr "
+                       "or set train.grad_clip");
   throw NumericError("step " + std::to_string(step) + ": gradient norm is non-finite (overflow in the sum of squares)");
 }
 
@@ -352,17 +363,43 @@ void Trainer::weights_changed() {
   data_parallel_->weights_changed();
 }
 
+void Trainer::check_pipeline_messages_fit() const {
+  // The executor waits for each action's send (grouped with the next action's receive) before it runs
+  // the next action. Under interleaving a send can then wait on a peer that waits on this rank (issue 13's
+  // review: rank 0 sends a gradient while rank 1 sends one back and wants an activation), unless the
+  // channel takes the whole message without its receiver. GPipe, 1F1B and zb-h1 never need that.
+  if (spec::parse_schedule(cfg_.parallel.pipeline_schedule) != spec::PipelineSchedule::Interleaved1F1B) return;
+  const bool bf16_wire = cfg_.precision == model::Precision::BF16 && cfg_.parallel.pipeline_bf16_transfers;
+  const int64_t rows = cfg_.micro_batch() * cfg_.seq_len() / par_.ops->sequence_shards();
+  const auto bytes = static_cast<size_t>(rows * cfg_.model.resolved.d_model * (bf16_wire ? 2 : 4));
+  const size_t buffered = pp_->buffered_message_bytes();
+  if (bytes <= buffered) return;
+  const auto mib = [](size_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / 1048576.0); };
+  throw ConfigError(fmt::format(
+      "parallel.pipeline.schedule = \"interleaved-1f1b\" sends {} per transfer ({} rows x {} wide, {}), more than the "
+      "{} a {} pipeline channel takes without its receiver: interleaved stages could then wait on each other "
+      "forever. Use \"zb-h1\" or \"1f1b\", or a smaller train.micro_batch_size or train.seq_len{}",
+      mib(bytes), rows, cfg_.model.resolved.d_model, bf16_wire ? "bf16" : "f32", mib(buffered),
+      pp_->transport_name(), cfg_.precision == model::Precision::BF16 && !bf16_wire
+                                 ? ", or parallel.pipeline.bf16_transfers = true"
+                                 : ""));
+}
+
 double Trainer::dp_sum(double v) const {
+  profile::Span span(dp_ ? backend_.tracer() : nullptr, "dp_scalar_sum", profile::Category::Communication);
   if (dp_) dp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
   return v;
 }
 
 double Trainer::tp_sum(double v) const {
+  profile::Span span(tp_ ? backend_.tracer() : nullptr, "tp_scalar_sum", profile::Category::Communication);
   if (tp_) tp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
   return v;
 }
 
 double Trainer::pp_sum(double v) const {
+  // Scalars summed over the pipeline: where a stage that finished early waits for the others.
+  profile::Span span(pp_ ? backend_.tracer() : nullptr, "pp_scalar_sum", profile::Category::Communication);
   if (pp_) pp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
   return v;
 }
@@ -382,6 +419,8 @@ void Trainer::sum_tied_embedding_grads() {
   const Tensor g = params_->grad(embedding_name());
   Tensor theirs = Tensor::empty({g.numel()}, DType::F32, backend_.allocator(), MemCategory::Workspace);
   const int other = me == 0 ? head : 0;
+  profile::Span span(backend_.tracer(), "pp_tied_embedding_sum", profile::Category::Communication, 0,
+                     2.0 * static_cast<double>(g.nbytes()));
   const comm::ProcessGroup::PeerOp ops[] = {
       {true, g.raw(), static_cast<size_t>(g.numel()), DType::F32, other, uint64_t{0x5B1} << 40},
       {false, theirs.raw(), static_cast<size_t>(g.numel()), DType::F32, other, uint64_t{0x5B1} << 40}};

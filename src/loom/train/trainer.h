@@ -108,6 +108,8 @@ class Trainer {
   // Tensor or pipeline parallelism: the shards of dp rank 0's model-parallel group gathered into whole
   // tensors on its rank 0.
   void gather_model_shards();
+  // Refuses, before any step, a pipeline whose transfers its schedule cannot run without deadlock here.
+  void check_pipeline_messages_fit() const;
   // Pipeline: sums the tied embedding's gradient between its two copies (first and last stage).
   void sum_tied_embedding_grads();
   // The name of the token embedding.

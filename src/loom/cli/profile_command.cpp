@@ -1,0 +1,138 @@
+// `loom profile report RUN_DIR | TRACE.json`: what a traced run's steps were bound by, per rank and for
+// the job, each kernel class against this machine's roofline, and where the fix belongs
+// (profile/step_report.h; docs/profiling.md).
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "loom/cli/commands.h"
+#include "loom/error.h"
+#include "loom/plan/hardware.h"
+#include "loom/profile/step_report.h"
+#include "loom/train/run_config.h"
+
+namespace loom::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ProfileOptions {
+  std::string path;
+  std::string machine;
+  double peak_flops = 0, bandwidth = 0;
+  int skip_steps = 2;
+  bool json = false;
+};
+
+// A run directory's trace and facts: the manifest names the trace file (trace.file of its resolved
+// config), the peak the run measured, the model's FLOPs per token and the tokens of a step.
+struct RunInputs {
+  std::string trace;
+  profile::RunFacts facts;
+  double peak_flops = 0;
+  std::string precision = "f32";
+};
+
+RunInputs read_run_dir(const fs::path& dir) {
+  const fs::path manifest = dir / "manifest.json";
+  std::ifstream in(manifest);
+  if (!in)
+    throw IoError("'" + dir.string() + "' has no manifest.json: give a run's train.out_dir, or a trace file itself");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError("'" + manifest.string() + "' is not JSON (" + e.what() + ")");
+  }
+  RunInputs r;
+  const auto cfg = train::parse_run_config(j.value("config_toml", std::string()), manifest.string());
+  r.facts.tokens_per_step = static_cast<double>(cfg.train.batch_size * cfg.seq_len());
+  r.facts.model_flops_per_token = j.value("model_flops_per_token", 0.0);
+  r.peak_flops = j.value("peak_flops", 0.0);
+  r.precision = j.value("precision", std::string("fp32")) == "bf16" ? "bf16" : "f32";
+  if (cfg.trace.file.empty())
+    throw ConfigError("the run in '" + dir.string() + "' wrote no trace: train with --set trace.file=" +
+                      (dir / "trace.json").string() + " and report again");
+  // The trace path as the run was given it (relative to where it started), else beside the manifest.
+  fs::path trace = cfg.trace.file;
+  if (!fs::exists(trace)) trace = dir / fs::path(cfg.trace.file).filename();
+  if (!fs::exists(trace))
+    throw IoError("the run's trace '" + cfg.trace.file + "' is not there (nor in '" + dir.string() + "')");
+  r.trace = trace.string();
+  return r;
+}
+
+int run_report(const ProfileOptions& o) {
+  RunInputs in;
+  if (fs::is_directory(o.path))
+    in = read_run_dir(o.path);
+  else
+    in.trace = o.path;
+  const auto spans = profile::read_chrome_trace(in.trace);
+  const auto analysis = profile::analyse_trace(spans, o.skip_steps);
+  std::set<int> ranks;
+  for (const auto& r : analysis.ranks) ranks.insert(r.rank);
+  const double n_ranks = static_cast<double>(ranks.size());
+
+  // The roofline of one rank: flags, else the machine file, else the run's own peak and a bandwidth
+  // measured now. The ranks of a job on one machine share its memory bandwidth.
+  profile::Roofline roof;
+  std::vector<std::string> sources;
+  if (!o.machine.empty()) {
+    const auto hw = plan::load_hardware(o.machine);
+    roof.peak_flops = hw.peak(in.precision) / n_ranks;
+    roof.bandwidth = hw.device.memory_bandwidth / n_ranks;
+    sources.push_back("machine file " + o.machine + ", shared by " + std::to_string(ranks.size()) + " rank(s)");
+  } else {
+    roof.peak_flops = in.peak_flops;
+    if (roof.peak_flops > 0) sources.push_back("peak measured by the run");
+  }
+  if (o.peak_flops > 0) roof.peak_flops = o.peak_flops, sources.push_back("--peak-flops");
+  if (o.bandwidth > 0) {
+    roof.bandwidth = o.bandwidth;
+    sources.push_back("--bandwidth");
+  } else if (roof.bandwidth <= 0) {
+    roof.bandwidth = stream_bandwidth(size_t{256} << 20, 3) / n_ranks;
+    sources.push_back(fmt::format("bandwidth measured now (STREAM triad), shared by {} rank(s)", ranks.size()));
+  }
+  if (roof.peak_flops <= 0)
+    throw ConfigError("no peak FLOP/s to place kernels against: give the run's directory (its manifest has the peak), "
+                      "--machine FILE (loom calibrate) or --peak-flops");
+  for (size_t i = 0; i < sources.size(); ++i) roof.source += (i ? "; " : "") + sources[i];
+  const auto report = profile::build_report(analysis, roof, in.facts);
+  if (o.json)
+    std::cout << profile::report_json(report).dump(2) << "\n";
+  else
+    std::cout << "loom profile report: " << in.trace << "\n" << profile::format_report(report);
+  return 0;
+}
+
+}  // namespace
+
+void register_profile(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("profile", "Analyse a traced run: what bounds a step and where the fix belongs");
+  cmd->require_subcommand(1);
+  auto o = std::make_shared<ProfileOptions>();
+  auto* report = cmd->add_subcommand(
+      "report", "Per rank and for the job: compute, communication (exposed, overlapped), pipeline waits, host; each "
+                "kernel against the roofline; MFU/HFU; a verdict and the largest opportunities");
+  report->add_option("path", o->path, "a run's train.out_dir (its manifest names the trace) or a trace JSON file")
+      ->required();
+  report->add_option("--machine", o->machine, "hardware TOML from `loom calibrate` for the roofline");
+  report->add_option("--peak-flops", o->peak_flops, "one rank's peak FLOP/s (overrides the run's and the machine's)")
+      ->check(finite_range(0, 1e20));
+  report->add_option("--bandwidth", o->bandwidth, "one rank's memory bandwidth, bytes/s (default: measured now)")
+      ->check(finite_range(0, 1e16));
+  report->add_option("--skip-steps", o->skip_steps, "steps of each rank left out at the start (warm-up)")
+      ->check(finite_range(0, 1e9));
+  report->add_flag("--json", o->json, "print the report as JSON");
+  report->callback([&action, o] { action = [o] { return run_report(*o); }; });
+}
+
+}  // namespace loom::cli

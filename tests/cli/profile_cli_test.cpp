@@ -1,0 +1,62 @@
+// `loom profile report` end to end: a traced 2-rank run's directory (its manifest names the trace, the
+// peak and the model's FLOPs) gives a per-rank table, kernels against the roofline, MFU and a verdict;
+// --json carries the same; runs without a trace and files that are not traces are refused in one line.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+namespace loom::test {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+TEST(ProfileCli, ReportsATracedRunsStepsAndVerdict) {
+  auto dir = scratch_dir("profile-report");
+  const std::string out = (dir / "run").string();
+  auto r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --set train.steps=6 "
+                    "--set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.dp=2 --set train.out_dir=" +
+                    out + " --set trace.file=" + out + "/trace.json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run_loom("profile report " + out + " --bandwidth 1e10");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 rank(s), 4 step(s) analysed per rank"));
+  EXPECT_THAT(r.out, HasSubstr("compute (union)"));
+  EXPECT_THAT(r.out, HasSubstr("gemm_fwd"));
+  EXPECT_THAT(r.out, HasSubstr("MFU "));
+  EXPECT_THAT(r.out, HasSubstr("verdict: bound by "));
+  EXPECT_THAT(r.out, HasSubstr("slowest rank: "));
+  r = run_loom("profile report " + out + "/trace.json --json --peak-flops 1e11 --bandwidth 1e10");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  EXPECT_GT(j["job"]["compute_s"].get<double>(), 0);
+  EXPECT_LE(j["job"]["compute_s"].get<double>(), j["job"]["step_s"].get<double>());
+  EXPECT_FALSE(j["verdict"]["bound_by"].get<std::string>().empty());
+  EXPECT_EQ(j["mfu"].get<double>(), 0) << "a trace alone has no manifest to count model FLOPs";
+  fs::remove_all(dir);
+}
+
+TEST(ProfileCli, WhatIsNotATraceIsRefusedInOneLine) {
+  auto dir = scratch_dir("profile-bad");
+  const std::string out = (dir / "run").string();
+  ASSERT_EQ(run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --set train.steps=2 --set train.eval_every=0 "
+                     "--set checkpoint.save_every=0 --set train.out_dir=" + out).rc, 0);
+  auto r = run_loom("profile report " + out);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("wrote no trace: train with --set trace.file="));
+  r = run_loom("profile report " + out + "/metrics.jsonl");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("is not JSON"));
+  r = run_loom("profile report " + (dir / "nothing").string());
+  EXPECT_THAT(r.err, HasSubstr("cannot read trace"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::test
