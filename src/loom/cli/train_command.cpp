@@ -50,14 +50,7 @@ void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
   plan::EnginePipeline pipe{cfg.train.batch_size / (cfg.parallel.dp * cfg.micro_batch()),
                             spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers"),
                             cfg.parallel.pipeline_bf16_transfers};
-  if (l.pp > 1) {
-    switch (spec::parse_schedule(cfg.parallel.pipeline_schedule)) {
-      case spec::PipelineSchedule::GPipe: l.schedule = plan::Schedule::GPipe; break;
-      case spec::PipelineSchedule::OneFOneB: l.schedule = plan::Schedule::OneFOneB; break;
-      case spec::PipelineSchedule::Interleaved1F1B: l.schedule = plan::Schedule::Interleaved; break;
-      case spec::PipelineSchedule::ZeroBubbleH1: l.schedule = plan::Schedule::ZeroBubble; break;
-    }
-  }
+  if (l.pp > 1) l.schedule = plan::planner_schedule(spec::parse_schedule(cfg.parallel.pipeline_schedule));
   // The heaviest pipeline stage decides (the first holds the embeddings, the last the logits).
   plan::EngineMemory need;
   for (int stage = 0; stage < l.pp; ++stage) {

@@ -12,7 +12,7 @@ LocalWidths local_widths(const spec::TransformerConfig& cfg, const spec::ParamTa
   w.d_ff = cfg.d_ff / tp;
   // The vocabulary rows per rank (a pipeline shard without the embedding or a tied head has no such
   // tensor: computed from the placement rule instead, padded to a multiple of tp).
-  const char* wte = cfg.arch == spec::Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  const char* wte = spec::token_embedding_name(cfg.arch);
   w.vocab = table.index_of(wte) ? table.at(wte).shape[0] : (cfg.vocab_size + tp - 1) / tp;
   w.kv_shared_by = cfg.n_kv_heads >= tp ? 1 : tp / static_cast<int>(cfg.n_kv_heads);
   return w;

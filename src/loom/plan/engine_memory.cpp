@@ -61,7 +61,7 @@ struct Widths {
     // This shard's vocabulary rows (padded), from whichever of the embedding and the head it holds (a
     // middle pipeline stage holds neither and has no logits).
     V = 0;
-    for (const char* name : {llama ? "model.embed_tokens.weight" : "transformer.wte.weight", "lm_head.weight"})
+    for (const char* name : {spec::token_embedding_name(c.arch), "lm_head.weight"})
       if (table.index_of(name)) V = static_cast<double>(table.at(name).shape[0]);
     QKV = (H + 2.0 * KV) * D;
     HPRE = llama ? 2 * F : F;
@@ -119,6 +119,8 @@ double rank_activation_bytes(const spec::TransformerConfig& c, const Widths& w, 
   return total;
 }
 
+}  // namespace
+
 spec::PipelineSchedule engine_schedule(Schedule s) {
   switch (s) {
     case Schedule::GPipe: return spec::PipelineSchedule::GPipe;
@@ -129,7 +131,11 @@ spec::PipelineSchedule engine_schedule(Schedule s) {
   return spec::PipelineSchedule::OneFOneB;
 }
 
-}  // namespace
+Schedule planner_schedule(spec::PipelineSchedule s) {
+  for (Schedule p : {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZeroBubble})
+    if (engine_schedule(p) == s) return p;
+  return Schedule::OneFOneB;
+}
 
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
                                 const EnginePipeline& pipe, int pipeline_rank) {
@@ -215,7 +221,6 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   }
   m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16);
   if (bf16 && pipe.bf16_transfers) m.activations += 2 * 2 * w.R * w.C;  // the executor's bf16 wire buffers
-  return m;
   return m;
 }
 

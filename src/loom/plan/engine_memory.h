@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/plan/layout.h"
+#include "loom/spec/pipeline_schedule.h"
 #include "loom/spec/transformer_config.h"
 
 namespace loom::plan {
@@ -21,6 +22,10 @@ struct EngineMemory {
   double state() const { return parameters + gradients + optimizer; }
   double total() const { return state() + activations; }
 };
+
+// The planner's name for a schedule the engine runs, and back.
+spec::PipelineSchedule engine_schedule(Schedule s);
+Schedule planner_schedule(spec::PipelineSchedule s);
 
 // Under pipeline parallelism: the micro-batches of one step per pipeline (the schedule's m) and an
 // explicit cut (blocks per chunk; empty: balanced as the engine cuts), which decide rank 0's chunks

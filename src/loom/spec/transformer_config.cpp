@@ -89,6 +89,10 @@ TransformerConfig preset(std::string_view name) {
 
 std::vector<std::string> preset_names() { return {"tiny", "tiny-llama", "mini", "gpt2-124m", "llama-mini"}; }
 
+const char* token_embedding_name(Arch a) {
+  return a == Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+}
+
 double model_flops_per_token(const TransformerConfig& cfg, int64_t seq_len) {
   ParamTable table = build_param_table(cfg);
   double dense = static_cast<double>(table.non_embedding_numel() + cfg.vocab_size * cfg.d_model);

@@ -15,6 +15,9 @@ namespace loom::spec {
 // Llama: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, no biases.
 enum class Arch { GPT2, Llama };
 std::string_view arch_name(Arch a);
+// The token embedding's tensor name in the parameter table (Hugging Face's): the LM head's weight too
+// when tied.
+const char* token_embedding_name(Arch a);
 Arch parse_arch(std::string_view s);
 
 struct TransformerConfig {

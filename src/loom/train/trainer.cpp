@@ -15,9 +15,11 @@
 namespace loom::train {
 
 namespace {
-// Point-to-point tags of a checkpoint's tensor-parallel shard gather (three per rank: master, m, v),
-// clear of any other sender's.
+// Point-to-point tags of a checkpoint's tensor-parallel shard gather (three per rank: master, m, v), and
+// of the tied embedding's gradient exchange between the first and the last pipeline stage, clear of any
+// other sender's.
 constexpr uint64_t kTpShardTag = uint64_t{0x5A5} << 40;
+constexpr uint64_t kTiedEmbeddingTag = uint64_t{0x5B1} << 40;
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_flops, const parallel::Parallelism* par)
@@ -405,7 +407,7 @@ double Trainer::pp_sum(double v) const {
 }
 
 const char* Trainer::embedding_name() const {
-  return cfg_.model.resolved.arch == spec::Arch::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  return spec::token_embedding_name(cfg_.model.resolved.arch);
 }
 
 void Trainer::sum_tied_embedding_grads() {
@@ -422,8 +424,8 @@ void Trainer::sum_tied_embedding_grads() {
   profile::Span span(backend_.tracer(), "pp_tied_embedding_sum", profile::Category::Communication, 0,
                      2.0 * static_cast<double>(g.nbytes()));
   const comm::ProcessGroup::PeerOp ops[] = {
-      {true, g.raw(), static_cast<size_t>(g.numel()), DType::F32, other, uint64_t{0x5B1} << 40},
-      {false, theirs.raw(), static_cast<size_t>(g.numel()), DType::F32, other, uint64_t{0x5B1} << 40}};
+      {true, g.raw(), static_cast<size_t>(g.numel()), DType::F32, other, kTiedEmbeddingTag},
+      {false, theirs.raw(), static_cast<size_t>(g.numel()), DType::F32, other, kTiedEmbeddingTag}};
   pp_->send_recv_many(ops).wait();
   backend_.add(g.reshape({g.numel()}), g.reshape({g.numel()}), theirs);
 }
