@@ -58,5 +58,28 @@ TEST(ProfileCli, WhatIsNotATraceIsRefusedInOneLine) {
   fs::remove_all(dir);
 }
 
+// A rank that stops before a collective (a test-only fault) hangs the job: the others time out, every
+// rank still running leaves its flight records, and `loom profile hang` names the collective and the
+// rank that never joined it.
+TEST(ProfileCli, AHangNamesTheCollectiveAndTheRankThatNeverJoined) {
+  auto dir = scratch_dir("profile-hang");
+  const std::string out = (dir / "run").string();
+  auto r = run_loom("run -n 3 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --set train.steps=20 "
+                    "--set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.dp=3 --set train.batch_size=6 "
+                    "--set train.out_dir=" + out,
+                    "LOOM_COMM_TIMEOUT=3 LOOM_FAULT_INJECT=hang_before_collective:1:20");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("rank(s) 1 never arrived"));
+  r = run_loom("profile hang " + out);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("entered it and waited: rank(s) 0, 2"));
+  EXPECT_THAT(r.out, HasSubstr("never joined: rank 1"));
+  EXPECT_THAT(r.out, HasSubstr("the hang: rank(s) 1 never joined "));
+  EXPECT_THAT(r.out, HasSubstr("#20"));
+  r = run_loom("profile hang " + (dir / "nothing").string());
+  EXPECT_THAT(r.err, HasSubstr("no flight records in"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom::test

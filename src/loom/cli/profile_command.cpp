@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "loom/cli/commands.h"
+#include "loom/comm/hang_report.h"
 #include "loom/error.h"
 #include "loom/plan/hardware.h"
 #include "loom/profile/step_report.h"
@@ -113,6 +114,28 @@ int run_report(const ProfileOptions& o) {
   return 0;
 }
 
+// The flight records a failed multi-rank run left in RUN_DIR/flight (one file per rank).
+int run_hang(const std::string& dir) {
+  const fs::path flight = fs::path(dir) / "flight";
+  std::vector<nlohmann::json> dumps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(flight, ec)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    try {
+      dumps.push_back(nlohmann::json::parse(in));
+    } catch (const nlohmann::json::exception& ex) {
+      throw IoError("'" + e.path().string() + "' is not JSON (" + ex.what() + ")");
+    }
+  }
+  if (dumps.empty())
+    throw IoError("no flight records in '" + flight.string() +
+                  "': every rank of a multi-rank run writes its group's last ops there when the run fails");
+  std::cout << "loom profile hang: " << dumps.size() << " rank(s) left flight records in " << flight.string() << "\n"
+            << comm::format_hang(comm::analyse_hang(dumps));
+  return 0;
+}
+
 }  // namespace
 
 void register_profile(CLI::App& app, Action& action) {
@@ -133,6 +156,12 @@ void register_profile(CLI::App& app, Action& action) {
       ->check(finite_range(0, 1e9));
   report->add_flag("--json", o->json, "print the report as JSON");
   report->callback([&action, o] { action = [o] { return run_report(*o); }; });
+  auto hang_dir = std::make_shared<std::string>();
+  auto* hang = cmd->add_subcommand(
+      "hang", "After a multi-rank run failed or hung: the collective each group did not complete, who waited in it "
+              "and who never joined, from the flight records every rank left in RUN_DIR/flight");
+  hang->add_option("run_dir", *hang_dir, "the run's train.out_dir")->required();
+  hang->callback([&action, hang_dir] { action = [hang_dir] { return run_hang(*hang_dir); }; });
 }
 
 }  // namespace loom::cli

@@ -4,6 +4,9 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -67,7 +70,20 @@ struct ProcessGroup::Op {
   size_t bytes = 0;  // payload, for the inline decision and statistics
   std::optional<std::chrono::milliseconds> timeout;  // this op's deadline instead of the group's
   std::shared_ptr<Work::State> state;
+  uint64_t flight = 0;  // its flight record
 };
+
+namespace {
+size_t flight_capacity() {
+  const char* v = std::getenv("LOOM_COMM_FLIGHT_RECORDS");
+  if (!v || !*v) return 256;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 1 || n > (1 << 20))
+    throw ConfigError(fmt::format("LOOM_COMM_FLIGHT_RECORDS = '{}' is not a record count in [1, 1048576]", v));
+  return static_cast<size_t>(n);
+}
+}  // namespace
 
 namespace {
 // A thread's CPU clock is a system call here (~1.3 us on this VM, more than a small all_reduce), so it is
@@ -84,8 +100,13 @@ bool is_collective(OpKind k) { return k != OpKind::kSend && k != OpKind::kRecv &
 ProcessGroup::ProcessGroup(std::shared_ptr<GroupContext> ctx, std::vector<int> ranks, int rank,
                            std::unique_ptr<Transport> transport, std::string id, Allocator* accounting)
     : ctx_(std::move(ctx)), ranks_(std::move(ranks)), rank_(rank), transport_(std::move(transport)), id_(std::move(id)),
-      accounting_(accounting) {
+      accounting_(accounting), flight_(flight_capacity()) {
   if (ctx_) tuning_ = ctx_->tuning;
+  if (const char* f = std::getenv("LOOM_FAULT_INJECT")) {
+    unsigned long long seq = 0;
+    int rank = -1;
+    if (std::sscanf(f, "hang_before_collective:%d:%llu", &rank, &seq) == 2) hang_rank_ = rank, hang_seq_ = seq;
+  }
   thread_ = std::thread([this] { progress_loop(); });
 }
 
@@ -159,6 +180,11 @@ Work ProcessGroup::submit(std::unique_ptr<Op> op) {
   Work work(op->state);
   std::unique_lock lock(mu_);
   if (is_collective(op->desc.kind)) op->desc.seq = ++next_seq_;
+  if (hang_rank_ == ranks_[rank_] && op->desc.seq == hang_seq_ && is_collective(op->desc.kind)) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::hours(1));  // the launcher or the peers' timeout ends the job
+  }
+  op->flight = flight_.add(is_collective(op->desc.kind) ? op->desc.seq : 0, label(*op), op->bytes);
   // Latency: a small op with nothing ahead of it runs here instead of paying a thread hand-off.
   if (queue_.empty() && !busy_ && op->bytes <= tuning_.inline_max_bytes) {
     busy_ = true;
@@ -218,8 +244,11 @@ void ProcessGroup::execute(Op& op) {
   for (Transport* t : {transport_.get(), local_.get(), cross_.get()})
     if (t) t->set_deadline(deadline), t->set_stamp(stamp);
   // The op's error, and the group's first failure: later ops fail at once instead of hanging.
+  flight_.started(op.flight);
+  std::string failure;
   auto fail = [&](const auto& e) {  // by its own type: a timeout stays a CommTimeoutError
     error = std::make_exception_ptr(e);
+    failure = e.what();
     std::lock_guard lock(mu_);
     if (broken_.empty()) broken_ = e.what();
   };
@@ -251,7 +280,9 @@ void ProcessGroup::execute(Op& op) {
     fail(CommError(msg));
   } catch (...) {
     error = std::current_exception();
+    failure = "an error that is not a communication error";
   }
+  flight_.ended(op.flight, failure);
   {
     std::lock_guard lock(mu_);
     ++stats_.ops;
@@ -459,6 +490,12 @@ Work ProcessGroup::send_recv_many(std::span<const PeerOp> ops) {
   // The first peer names the op in timeouts and errors that report one peer.
   o->peer = ops.empty() ? -1 : ops.front().peer;
   return submit(std::move(o));
+}
+
+nlohmann::json ProcessGroup::flight_json() const {
+  nlohmann::json records = nlohmann::json::array();
+  for (const auto& r : flight_.snapshot()) records.push_back(flight_record_json(r));
+  return {{"group", id_}, {"ranks", ranks_}, {"rank", ranks_[rank_]}, {"records", records}};
 }
 
 Work ProcessGroup::barrier(std::optional<std::chrono::milliseconds> timeout) {

@@ -17,6 +17,7 @@
 
 #include "loom/comm/algorithms.h"
 #include "loom/comm/collective.h"
+#include "loom/comm/flight_recorder.h"
 #include "loom/comm/transport.h"
 #include "loom/core/allocator.h"
 
@@ -125,6 +126,8 @@ class ProcessGroup {
   RegisteredBuffer register_buffer(size_t bytes, MemCategory category = MemCategory::Communication);
 
   GroupStats stats() const;
+  // The group's last ops (comm/flight_recorder.h) as JSON: {"group", "ranks", "rank", "records"}.
+  nlohmann::json flight_json() const;
 
   // Hierarchical parts (set up by world.cpp when the group spans nodes).
   void set_hierarchy(std::unique_ptr<Transport> local, std::unique_ptr<Transport> cross);
@@ -158,6 +161,11 @@ class ProcessGroup {
   uint64_t next_seq_ = 0;
   std::string broken_;  // the first failure: later ops fail at once instead of hanging
   GroupStats stats_;
+  FlightRecorder flight_;
+  // Test-only fault (LOOM_FAULT_INJECT=hang_before_collective:RANK:SEQ): global rank RANK stops before
+  // issuing its collective number SEQ in any group, as a rank stuck outside the collectives would.
+  int hang_rank_ = -1;
+  uint64_t hang_seq_ = 0;
   std::thread thread_;
 };
 

@@ -6,7 +6,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "loom/comm/world.h"
@@ -22,6 +25,8 @@
 #include "loom/train/run_log.h"
 
 namespace loom::train {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -180,54 +185,77 @@ SessionSummary Session::run() {
   // The first steps pay for primitive creation and page faults; exclude them from the summary.
   const int64_t warmup = std::min<int64_t>(2, cfg.train.steps - 1);
   const bool progress = sum.lead && out_.wants_progress();
-  trainer.run([&](const StepMetrics& s) {
-    if (log) log->write(s);
-    // The summary describes the last step that ran, also when a signal ends the run after it.
-    sum.last_step = s.step;
-    sum.final_loss = s.loss;
-    if (s.val_loss) sum.val_loss = s.val_loss;
-    if (o.check_replicas > 0 && s.step % o.check_replicas == 0) trainer.check_replicas(s.step);
-    // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
-    const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
-    const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
-    sum.stop_signal = preemption_signal();
-    if (world) {
-      // Ranks may see a signal at different steps: all stop after the same one, or the early ones would
-      // leave the others waiting in the next step's collectives. The signal travels too, so every rank
-      // reports (and exits with) the one that came.
-      int32_t flag = sum.stop_signal;
-      world->group().all_reduce(&flag, &flag, 1, DType::I32, comm::ReduceOp::kMax).wait();
-      sum.stop_signal = flag;
+  // A failure mid-run (a collective that timed out, a peer that died, a bad step) leaves every group's
+  // last ops in the run directory for `loom profile hang`.
+  auto dump_flight = [&] {
+    if (!world) return;
+    nlohmann::json groups = nlohmann::json::array();
+    groups.push_back(world->group().flight_json());
+    for (auto axis : {spec::MeshAxis::PP, spec::MeshAxis::DP, spec::MeshAxis::CP, spec::MeshAxis::TP})
+      if (comm::ProcessGroup* g = mesh->group(axis)) groups.push_back(g->flight_json());
+    std::error_code ec;
+    const fs::path dir = fs::path(cfg.train.out_dir) / "flight";
+    fs::create_directories(dir, ec);
+    std::ofstream out(dir / fmt::format("rank-{}.json", world->rank()));
+    out << nlohmann::json{{"rank", world->rank()}, {"groups", groups}}.dump(1) << "\n";
+  };
+  try {
+    trainer.run([&](const StepMetrics& s) {
+      if (log) log->write(s);
+      // The summary describes the last step that ran, also when a signal ends the run after it.
+      sum.last_step = s.step;
+      sum.final_loss = s.loss;
+      if (s.val_loss) sum.val_loss = s.val_loss;
+      if (o.check_replicas > 0 && s.step % o.check_replicas == 0) trainer.check_replicas(s.step);
+      // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
+      const bool periodic = cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0;
+      const bool final = cfg.checkpoint.save_every > 0 && s.step == s.total_steps;
+      sum.stop_signal = preemption_signal();
+      if (world) {
+        // Ranks may see a signal at different steps: all stop after the same one, or the early ones would
+        // leave the others waiting in the next step's collectives. The signal travels too, so every rank
+        // reports (and exits with) the one that came.
+        int32_t flag = sum.stop_signal;
+        world->group().all_reduce(&flag, &flag, 1, DType::I32, comm::ReduceOp::kMax).wait();
+        sum.stop_signal = flag;
+      }
+      const bool preempted = sum.stop_signal != 0;
+      if (periodic || final || preempted) {
+        // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
+        trainer.gather_full_state();
+        if (sum.lead) say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+        trainer.release_full_state();
+        // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
+        // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save.
+        if (world) world->group().barrier(comm::kSaveTimeout).wait();
+        sum.saved_step = s.step;
+      }
+      if (preempted) return false;
+      if (s.step > warmup) {
+        tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
+        exposed.push_back(s.exposed_comm_seconds), comm_cpu.push_back(s.comm_cpu_seconds), step_s.push_back(s.step_seconds);
+        pp_idle.resize(s.pipeline_idle.size());
+        for (size_t r = 0; r < s.pipeline_idle.size(); ++r) pp_idle[r].push_back(s.pipeline_idle[r]);
+        pp_theory = s.pipeline_bubble_theory;
+      }
+      if (s.step == warmup) tracer.reset_stats();
+      if (!progress || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
+      double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step - trainer.start_step()));
+      out_.progress(fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
+                                s.step, std::to_string(s.total_steps).size(), s.total_steps, s.loss,
+                                s.val_loss ? fmt::format(" | val {:.4f}", *s.val_loss) : "", s.lr, s.grad_norm,
+                                s.tokens_per_s, 100.0 * s.mfu, duration(eta)),
+                    s.val_loss.has_value() || s.step == s.total_steps);
+      return true;
+    });
+  } catch (const std::exception&) {
+    try {
+      dump_flight();
+    } catch (const std::exception&) {
+      // The run's own error matters more than a record that could not be written.
     }
-    const bool preempted = sum.stop_signal != 0;
-    if (periodic || final || preempted) {
-      // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
-      trainer.gather_full_state();
-      if (sum.lead) say("checkpoint saved: " + checkpoints.save(trainer, s.step));
-      trainer.release_full_state();
-      // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
-      // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save.
-      if (world) world->group().barrier(comm::kSaveTimeout).wait();
-      sum.saved_step = s.step;
-    }
-    if (preempted) return false;
-    if (s.step > warmup) {
-      tps.push_back(s.tokens_per_s), mfus.push_back(s.mfu);
-      exposed.push_back(s.exposed_comm_seconds), comm_cpu.push_back(s.comm_cpu_seconds), step_s.push_back(s.step_seconds);
-      pp_idle.resize(s.pipeline_idle.size());
-      for (size_t r = 0; r < s.pipeline_idle.size(); ++r) pp_idle[r].push_back(s.pipeline_idle[r]);
-      pp_theory = s.pipeline_bubble_theory;
-    }
-    if (s.step == warmup) tracer.reset_stats();
-    if (!progress || (s.step % cfg.train.log_every != 0 && s.step != s.total_steps && !s.val_loss)) return true;
-    double eta = (s.total_steps - s.step) * (s.elapsed_seconds / static_cast<double>(s.step - trainer.start_step()));
-    out_.progress(fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
-                              s.step, std::to_string(s.total_steps).size(), s.total_steps, s.loss,
-                              s.val_loss ? fmt::format(" | val {:.4f}", *s.val_loss) : "", s.lr, s.grad_norm,
-                              s.tokens_per_s, 100.0 * s.mfu, duration(eta)),
-                  s.val_loss.has_value() || s.step == s.total_steps);
-    return true;
-  });
+    throw;
+  }
   const bool preempted = sum.stop_signal != 0;
   if (preempted) {
     const char* abbrev = sigabbrev_np(sum.stop_signal);
