@@ -13,16 +13,24 @@ namespace {
 
 using ::testing::HasSubstr;
 
+OpDesc collective(OpKind kind, uint64_t seq) {
+  OpDesc d{};
+  d.kind = kind, d.dtype = DType::F32, d.reduce = ReduceOp::kSum, d.count = 64, d.seq = seq;
+  return d;
+}
+
 TEST(FlightRecorder, KeepsTheLastOpsWithTheirStates) {
   FlightRecorder f(3);
-  const uint64_t a = f.add(1, "all_reduce #1", 4);
+  const uint64_t a = f.add(collective(OpKind::kAllReduce, 1), -1, 0, 256);
   f.started(a);
   f.ended(a, "");
-  const uint64_t b = f.add(0, "send_recv_many(to 1)", 8);
-  const uint64_t c = f.add(2, "all_gather #2", 16);
+  OpDesc p2p{};
+  p2p.kind = OpKind::kSendRecvMany, p2p.count = 2;
+  const uint64_t b = f.add(p2p, 1, 0, 8);
+  const uint64_t c = f.add(collective(OpKind::kAllGather, 2), -1, 0, 256);
   f.started(c);
   f.ended(c, "timed out");
-  const uint64_t d = f.add(3, "all_reduce #3", 4);
+  const uint64_t d = f.add(collective(OpKind::kAllReduce, 3), -1, 0, 256);
   f.started(d);
   f.started(a);  // dropped: ignored
   const auto r = f.snapshot();
@@ -33,8 +41,10 @@ TEST(FlightRecorder, KeepsTheLastOpsWithTheirStates) {
   EXPECT_EQ(r[1].error, "timed out");
   EXPECT_EQ(r[2].state, FlightRecord::State::Running);
   EXPECT_GT(r[2].started, 0);
+  EXPECT_EQ(describe_record(r[0]), "send_recv_many(2 sends and receives, first with rank 1)");
   const auto back = flight_record_from_json(flight_record_json(r[1]));
-  EXPECT_EQ(back.op, "all_gather #2");
+  EXPECT_EQ(back.op, describe(collective(OpKind::kAllGather, 2)));
+  EXPECT_THAT(back.op, HasSubstr("all_gather(F32, 64 elements) #2"));
   EXPECT_EQ(back.state, FlightRecord::State::Failed);
   EXPECT_EQ(back.seq, 2u);
 }

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -69,4 +70,34 @@ TEST(Tracer, ChromeTraceIsValidJsonWithCompleteEvents) {
   EXPECT_EQ(complete, 2);
   std::filesystem::remove(path);
   EXPECT_THROW(t.write_chrome_trace("/nonexistent-dir/x.json"), IoError);
+}
+
+// Spans carry where they ran: the unit, micro-batch and pass the calling thread set (scoped, restored
+// after), written as trace args and read back; another thread's context is its own.
+TEST(Tracer, SpansCarryTheirUnitMicroBatchAndPass) {
+  Tracer t(Tracer::Mode::Full, 0);
+  {
+    ScopedSpanContext step(SpanContext::kNoUnit, nullptr, 3);
+    {
+      ScopedSpanContext block(2, "BI");
+      Span s(&t, "gemm_bwd_data", Category::Gemm, 1, 1);
+    }
+    Span s(&t, "adamw", Category::Kernel);
+  }
+  std::thread([&] { Span s(&t, "other_thread", Category::Kernel); }).join();
+  EXPECT_EQ(span_context().micro_batch, -1) << "restored after the scope";
+  auto path = std::filesystem::temp_directory_path() / ("loom-trace-ctx-" + std::to_string(::getpid()) + ".json");
+  t.write_chrome_trace(path.string());
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in);
+  std::map<std::string, nlohmann::json> args;
+  for (auto& e : j["traceEvents"])
+    if (e["ph"] == "X") args[e["name"].get<std::string>()] = e["args"];
+  EXPECT_EQ(args["gemm_bwd_data"]["unit"], 2);
+  EXPECT_EQ(args["gemm_bwd_data"]["micro_batch"], 3);
+  EXPECT_EQ(args["gemm_bwd_data"]["pass"], "BI");
+  EXPECT_EQ(args["adamw"]["micro_batch"], 3);
+  EXPECT_FALSE(args["adamw"].contains("unit"));
+  EXPECT_FALSE(args["other_thread"].contains("micro_batch"));
+  std::filesystem::remove(path);
 }

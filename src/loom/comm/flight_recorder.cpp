@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <fmt/format.h>
+
 namespace loom::comm {
 
 const char* flight_state_name(FlightRecord::State s) {
@@ -19,14 +21,18 @@ double FlightRecorder::now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-uint64_t FlightRecorder::add(uint64_t seq, std::string op, size_t bytes) {
+uint64_t FlightRecorder::add(const OpDesc& desc, int peer, uint64_t tag, size_t bytes) {
+  if (capacity_ == 0) return 0;
+  const double t = now();
   std::lock_guard lock(mu_);
   FlightRecord r;
   r.id = next_id_++;
-  r.seq = seq;
-  r.op = std::move(op);
+  r.seq = desc.seq;
+  r.desc = desc;
+  r.peer = peer;
+  r.tag = tag;
   r.bytes = bytes;
-  r.queued = now();
+  r.queued = t;
   // A ring: record id i lives in slot (i - 1) % capacity once the ring is full.
   if (ring_.size() < capacity_)
     ring_.push_back(std::move(r));
@@ -36,17 +42,19 @@ uint64_t FlightRecorder::add(uint64_t seq, std::string op, size_t bytes) {
 }
 
 FlightRecord* FlightRecorder::find(uint64_t id) {
-  if (id == 0 || id >= next_id_ || next_id_ - id > capacity_) return nullptr;
+  if (id == 0 || capacity_ == 0 || id >= next_id_ || next_id_ - id > capacity_) return nullptr;
   FlightRecord& r = ring_[(id - 1) % capacity_];
   return r.id == id ? &r : nullptr;
 }
 
 void FlightRecorder::started(uint64_t id) {
+  if (id == 0) return;
   std::lock_guard lock(mu_);
   if (auto* r = find(id)) r->state = FlightRecord::State::Running, r->started = now();
 }
 
 void FlightRecorder::ended(uint64_t id, const std::string& error) {
+  if (id == 0) return;
   std::lock_guard lock(mu_);
   if (auto* r = find(id)) {
     r->state = error.empty() ? FlightRecord::State::Done : FlightRecord::State::Failed;
@@ -62,8 +70,21 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
   return out;
 }
 
+std::string describe_record(const FlightRecord& r) {
+  if (!r.op.empty()) return r.op;
+  switch (r.desc.kind) {
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return fmt::format("{}({}, {} elements, tag {}) {} rank {}", op_name(r.desc.kind), dtype_name(r.desc.dtype),
+                         r.desc.count, r.tag, r.desc.kind == OpKind::kSend ? "to" : "from", r.peer);
+    case OpKind::kSendRecvMany:
+      return fmt::format("send_recv_many({} sends and receives, first with rank {})", r.desc.count, r.peer);
+    default: return describe(r.desc);
+  }
+}
+
 nlohmann::json flight_record_json(const FlightRecord& r) {
-  nlohmann::json j{{"id", r.id},         {"seq", r.seq},         {"op", r.op},   {"bytes", r.bytes},
+  nlohmann::json j{{"id", r.id},         {"seq", r.seq},         {"op", describe_record(r)},   {"bytes", r.bytes},
                    {"state", flight_state_name(r.state)}, {"queued", r.queued}, {"started", r.started},
                    {"ended", r.ended}};
   if (!r.error.empty()) j["error"] = r.error;

@@ -69,9 +69,7 @@ std::vector<GroupHang> analyse_hang(const std::vector<nlohmann::json>& dumps) {
       }
       h.never_joined.push_back(rank);
       const FlightRecord* last = v->records.empty() ? nullptr : &v->records.back();
-      h.last_op.push_back(last ? fmt::format("{}{} ({})", last->op, last->seq ? fmt::format(" #{}", last->seq) : "",
-                                             flight_state_name(last->state))
-                               : std::string("no op at all"));
+      h.last_op.push_back(last ? fmt::format("{} ({})", last->op, flight_state_name(last->state)) : std::string("no op at all"));
     }
     out.push_back(std::move(h));
   }

@@ -79,8 +79,8 @@ size_t flight_capacity() {
   if (!v || !*v) return 256;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 1 || n > (1 << 20))
-    throw ConfigError(fmt::format("LOOM_COMM_FLIGHT_RECORDS = '{}' is not a record count in [1, 1048576]", v));
+  if (*end != '\0' || n < 0 || n > (1 << 20))
+    throw ConfigError(fmt::format("LOOM_COMM_FLIGHT_RECORDS = '{}' is not a record count in [0, 1048576] (0: off)", v));
   return static_cast<size_t>(n);
 }
 }  // namespace
@@ -184,7 +184,9 @@ Work ProcessGroup::submit(std::unique_ptr<Op> op) {
     lock.unlock();
     std::this_thread::sleep_for(std::chrono::hours(1));  // the launcher or the peers' timeout ends the job
   }
-  op->flight = flight_.add(is_collective(op->desc.kind) ? op->desc.seq : 0, label(*op), op->bytes);
+  const int first_peer = op->desc.kind == OpKind::kSendRecvMany ? (op->peer_ops.empty() ? -1 : op->peer_ops.front().peer)
+                                                                 : op->peer;
+  op->flight = flight_.add(op->desc, first_peer >= 0 ? ranks_[first_peer] : -1, op->tag, op->bytes);
   // Latency: a small op with nothing ahead of it runs here instead of paying a thread hand-off.
   if (queue_.empty() && !busy_ && op->bytes <= tuning_.inline_max_bytes) {
     busy_ = true;

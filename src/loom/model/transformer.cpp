@@ -5,6 +5,7 @@
 
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
+#include "loom/profile/tracer.h"
 
 namespace loom::model {
 
@@ -243,16 +244,19 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   if (embeds) {
+    profile::ScopedSpanContext where(-1, "F");
     h.before_forward(-1);
     ops_->embedding_forward(c.residual[0], c.tokens, w_.wte, llama_ ? nullptr : &w_.wpe);
     h.after_forward(-1);
   }
   for (int64_t l = ch.first; l < ch.last; ++l) {
+    profile::ScopedSpanContext where(static_cast<int>(l), "F");
     h.before_forward(l);
     runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention);
     h.after_forward(l);
   }
   if (!heads) return 0.0;
+  profile::ScopedSpanContext where(static_cast<int>(L), "F");
   h.before_forward(L);
   runner_.norm_forward(w_.norm_f, c.nf_out, c.nf_mean, c.nf_rstd, c.residual[L]);
   runner_.to_gemm_input(c.nf_lp, c.nf_out);
@@ -272,6 +276,7 @@ void Transformer::backward_chunk(ActivationContext& c, const Chunk& ch) {
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   if (ch.head) {
+    profile::ScopedSpanContext where(static_cast<int>(L), "B");
     h.before_backward(L);
     // LM head: logits hold dlogits after the fused softmax-cross-entropy.
     ops_->column_backward(&c.d_norm, w_.head, c.logits, c.nf_lp);
@@ -282,11 +287,13 @@ void Transformer::backward_chunk(ActivationContext& c, const Chunk& ch) {
     h.after_backward(L);
   }
   for (int64_t l = ch.last - 1; l >= ch.first; --l) {
+    profile::ScopedSpanContext where(static_cast<int>(l), "B");
     h.before_backward(l);
     block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s);
     h.after_backward(l);
   }
   if (ch.embeddings) {
+    profile::ScopedSpanContext where(-1, "B");
     h.before_backward(-1);
     ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
     h.after_backward(-1);
@@ -306,16 +313,19 @@ void Transformer::backward_chunk_input(ActivationContext& c, const Chunk& ch) {
   // The units' hooks open here and close in the weight pass, when their gradients are final (the
   // embeddings' and the norms' are computed here).
   if (ch.head) {
+    profile::ScopedSpanContext where(static_cast<int>(L), "BI");
     h.before_backward(L);
     ops_->linear_backward_input(c.d_norm, w_.head, c.logits, c.nf_lp);  // logits hold dlogits
     c.d_res.fill_zero();
     runner_.norm_backward(w_.norm_f, c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
   }
   for (int64_t l = ch.last - 1; l >= ch.first; --l) {
+    profile::ScopedSpanContext where(static_cast<int>(l), "BI");
     h.before_backward(l);
     block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s, &c.split[static_cast<size_t>(l)]);
   }
   if (ch.embeddings) {
+    profile::ScopedSpanContext where(-1, "BI");
     h.before_backward(-1);
     ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
     h.after_backward(-1);
@@ -328,10 +338,12 @@ void Transformer::backward_chunk_weight(ActivationContext& c, const Chunk& ch) {
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   if (ch.head) {
+    profile::ScopedSpanContext where(static_cast<int>(L), "BW");
     ops_->linear_backward_weight(w_.head, c.logits, c.nf_lp);
     h.after_backward(L);
   }
   for (int64_t l = ch.last - 1; l >= ch.first; --l) {
+    profile::ScopedSpanContext where(static_cast<int>(l), "BW");
     block_backward_weight(w_.blocks[l], c.blocks[l], c.split[static_cast<size_t>(l)]);
     h.after_backward(l);
   }

@@ -43,6 +43,9 @@ std::vector<TraceSpan> parse_chrome_trace(const std::string& text, const std::st
       if (e.contains("args") && e["args"].is_object()) {
         s.flops = e["args"].value("flops", 0.0);
         s.bytes = e["args"].value("bytes", 0.0);
+        s.unit = e["args"].value("unit", SpanContext::kNoUnit);
+        s.micro_batch = e["args"].value("micro_batch", -1);
+        s.pass = e["args"].value("pass", std::string());
       }
     } catch (const nlohmann::json::exception& ex) {
       throw IoError("'" + what + "': event " + std::to_string(i) + " is malformed (" + ex.what() + ")");

@@ -17,6 +17,9 @@ struct TraceSpan {
   int thread = 0;
   double start_s = 0, duration_s = 0;  // seconds from the trace's origin
   double flops = 0, bytes = 0;
+  int unit = SpanContext::kNoUnit;  // where in the model and the step it ran (tracer.h), when recorded
+  int micro_batch = -1;
+  std::string pass;
   double end_s() const { return start_s + duration_s; }
 };
 

@@ -23,6 +23,11 @@ const char* category_name(Category c) {
   return "?";
 }
 
+SpanContext& span_context() {
+  thread_local SpanContext c;
+  return c;
+}
+
 int64_t Tracer::now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -40,7 +45,7 @@ void Tracer::record(const char* name, Category category, int64_t start_ns, int64
   s.bytes += bytes;
   if (mode_ == Mode::Full) {
     if (events_.size() < kMaxEvents)
-      events_.push_back({name, category, start_ns, end_ns - start_ns, flops, bytes, rank_});
+      events_.push_back({name, category, start_ns, end_ns - start_ns, flops, bytes, rank_, span_context()});
     else
       ++dropped_;
   }
@@ -68,11 +73,16 @@ std::string Tracer::chrome_events_json(int64_t origin_ns, int64_t clock_offset_n
   for (auto& e : events_) {
     // Steps, GEMMs and other kernels on separate tracks keeps nesting readable in Perfetto.
     int tid = e.category == Category::Step ? 0 : (e.category == Category::Communication ? 2 : 1);
+    // Where in the model and the step the span ran, when known.
+    std::string where;
+    if (e.context.unit != SpanContext::kNoUnit) where += fmt::format(",\"unit\":{}", e.context.unit);
+    if (e.context.micro_batch >= 0) where += fmt::format(",\"micro_batch\":{}", e.context.micro_batch);
+    if (e.context.pass) where += fmt::format(",\"pass\":\"{}\"", e.context.pass);
     out += fmt::format(
         ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{},"
-        "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}}}}}",
+        "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}{}}}}}",
         e.name, category_name(e.category), static_cast<double>(e.start_ns - clock_offset_ns - origin_ns) * 1e-3,
-        static_cast<double>(e.duration_ns) * 1e-3, e.rank, tid, e.flops, e.bytes);
+        static_cast<double>(e.duration_ns) * 1e-3, e.rank, tid, e.flops, e.bytes, where);
   }
   return out;
 }

@@ -19,6 +19,37 @@ namespace loom::profile {
 enum class Category { Gemm, Kernel, Communication, Host, Step, InFlight };
 const char* category_name(Category c);
 
+// What the calling thread is computing, recorded with each span it closes (Full mode): the model's
+// unit (-1 embeddings, 0..L-1 blocks, L the final norm and head; kNoUnit outside them), the micro-batch
+// (-1 outside one) and the pass ("F" forward, "B" backward, "BI" / "BW" its input- and weight-gradient
+// halves; nullptr outside). The model and the trainer set it with ScopedSpanContext.
+struct SpanContext {
+  static constexpr int kNoUnit = -1000000;
+  int unit = kNoUnit;
+  int micro_batch = -1;
+  const char* pass = nullptr;  // a string literal
+};
+SpanContext& span_context();  // this thread's
+
+// Sets fields of this thread's SpanContext for a scope (a negative / null argument leaves that field as
+// it is) and restores them after.
+class ScopedSpanContext {
+ public:
+  explicit ScopedSpanContext(int unit, const char* pass = nullptr, int micro_batch = -1)
+      : saved_(span_context()) {
+    auto& c = span_context();
+    if (unit != SpanContext::kNoUnit) c.unit = unit;
+    if (pass) c.pass = pass;
+    if (micro_batch >= 0) c.micro_batch = micro_batch;
+  }
+  ~ScopedSpanContext() { span_context() = saved_; }
+  ScopedSpanContext(const ScopedSpanContext&) = delete;
+  ScopedSpanContext& operator=(const ScopedSpanContext&) = delete;
+
+ private:
+  SpanContext saved_;
+};
+
 struct SpanStats {
   Category category = Category::Kernel;
   int64_t calls = 0;
@@ -35,6 +66,7 @@ struct Event {
   double flops;
   double bytes;
   int rank;
+  SpanContext context;
 };
 
 class Tracer {

@@ -133,6 +133,7 @@ double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, c
   }
   for (size_t i = 0; i < actions.size(); ++i) {
     const auto& a = actions[i];
+    profile::ScopedSpanContext where(profile::SpanContext::kNoUnit, nullptr, a.micro_batch);
     wait();  // this action's input (and the previous action's send) are done
     const auto& ch = chunks_[static_cast<size_t>(a.chunk)];
     auto& c = context(a.chunk, a.micro_batch, a.pass == spec::Pass::Forward);

@@ -125,6 +125,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     for (int64_t unit = cfg_.model.resolved.n_layers; unit >= -1; --unit) dp.after_backward(unit);
   }
   for (int64_t m = 0; !pipeline_ && m < n_micro; ++m) {
+    profile::ScopedSpanContext where(profile::SpanContext::kNoUnit, nullptr, static_cast<int>(m));
     data_->fill(tokens_, targets_, first + m * mb, Split::Train);
     // Gradients are scaled by the global sample count, so the sum over replicas is the batch gradient;
     // the strategy decides in which micro-batches it reduces.
