@@ -114,12 +114,18 @@ StepReport build_report(const TraceAnalysis& analysis, const Roofline& roof, con
                                "transfers): more micro-batches per step, interleaved-1f1b or zb-h1",
                                ms(r.pipeline)),
                    r.pipeline});
-  if (r.host > 0)
+  if (r.host > 0) {
+    // Most of it in traced host work (data loading, checkpoints): name the largest.
+    const bool traced = m.host_traced > 0.5 * r.host && !analysis.host_work.empty();
     all.push_back({"host loop",
-                   fmt::format("{:.1f} ms per step run outside every kernel and wait (launching, bookkeeping, data "
-                               "loading)",
-                               ms(r.host)),
+                   traced ? fmt::format("{:.1f} ms per step run outside every kernel and wait, {:.1f} ms of it in {} "
+                                        "(the largest host span): overlap it with compute or make it cheaper",
+                                        ms(r.host), ms(m.host_traced), analysis.host_work.front().name)
+                          : fmt::format("{:.1f} ms per step run outside every kernel and wait (launching, bookkeeping, "
+                                        "data loading)",
+                                        ms(r.host)),
                    r.host});
+  }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
   for (const auto& o : all)
     if (o.seconds > 0 && r.opportunities.size() < 3) r.opportunities.push_back(o);
@@ -153,6 +159,7 @@ std::string format_report(const StepReport& r) {
   row("  of it overlapped with compute", &RankBreakdown::overlapped);
   row("pipeline waits (bubble)", &RankBreakdown::pipeline_wait);
   row("host overhead", &RankBreakdown::host);
+  row("  of it in host spans (data, ...)", &RankBreakdown::host_traced);
   row("idle between steps", &RankBreakdown::idle);
   out += fmt::format("MFU {} | HFU {:.1f}% | memory bandwidth {}\n",
                      r.facts.tokens_per_step > 0 ? fmt::format("{:.1f}%", 100 * r.mfu) : std::string("n/a (no manifest)"),
@@ -200,7 +207,8 @@ nlohmann::json report_json(const StepReport& r) {
                           {"comm_exposed_s", x.comm_exposed}, {"comm_sum_s", x.comm_sum},
                           {"in_flight_s", x.in_flight},       {"overlapped_s", x.overlapped},
                           {"pipeline_wait_s", x.pipeline_wait}, {"host_s", x.host},
-                          {"idle_s", x.idle},       {"flops", x.flops},
+                          {"idle_s", x.idle},       {"host_traced_s", x.host_traced},
+                          {"flops", x.flops},
                           {"bytes", x.bytes}};
   };
   nlohmann::json j;

@@ -43,12 +43,13 @@ RankBreakdown TraceAnalysis::mean() const {
     m.step += r.step, m.compute += r.compute, m.gemm += r.gemm, m.other += r.other;
     m.comm_exposed += r.comm_exposed, m.comm_sum += r.comm_sum, m.pipeline_wait += r.pipeline_wait;
     m.in_flight += r.in_flight, m.overlapped += r.overlapped, m.host += r.host, m.idle += r.idle;
+    m.host_traced += r.host_traced;
     m.flops += r.flops, m.bytes += r.bytes;
   }
   const double n = static_cast<double>(ranks.size());
   m.steps = static_cast<int>(m.steps / static_cast<int>(ranks.size()));
   for (double* f : {&m.step, &m.compute, &m.gemm, &m.other, &m.comm_exposed, &m.comm_sum, &m.pipeline_wait,
-                    &m.in_flight, &m.overlapped, &m.host, &m.idle, &m.flops, &m.bytes})
+                    &m.in_flight, &m.overlapped, &m.host, &m.host_traced, &m.idle, &m.flops, &m.bytes})
     *f /= n;
   return m;
 }
@@ -57,14 +58,14 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
   std::map<int, std::vector<const TraceSpan*>> by_rank;
   for (const auto& s : spans) by_rank[s.rank].push_back(&s);
   TraceAnalysis out;
-  std::map<std::string, KernelClass> kernels, wait_classes;
+  std::map<std::string, KernelClass> kernels, wait_classes, host_classes;
   double rank_steps = 0;  // analysed steps summed over ranks
   // Per collective name, per rank: the durations of its waits in the analysed steps, in order.
   std::map<std::string, std::map<int, std::vector<double>>> waits;
   for (auto& [rank, list] : by_rank) {
     const auto windows = step_windows(list, skip_steps);
     if (windows.empty()) continue;
-    std::vector<Interval> gemm, other, comm, pipe, flight;
+    std::vector<Interval> gemm, other, comm, pipe, flight, host;
     RankBreakdown r;
     r.rank = rank;
     r.steps = static_cast<int>(windows.size());
@@ -73,6 +74,7 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
       if (s->category == Category::Gemm) gemm.push_back(i);
       if (s->category == Category::Kernel) other.push_back(i);
       if (s->category == Category::InFlight) flight.push_back(i);
+      if (s->category == Category::Host) host.push_back(i);
       if (s->category == Category::Communication) (is_pipeline_wait(s->name) ? pipe : comm).push_back(i);
       if (!inside(*s, windows)) continue;
       if (is_compute(s->category)) {
@@ -80,6 +82,11 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
         auto& k = kernels[s->name];
         k.name = s->name, k.category = s->category;
         k.calls += 1, k.seconds += s->duration_s, k.flops += s->flops, k.bytes += s->bytes;
+      }
+      if (s->category == Category::Host) {
+        auto& k = host_classes[s->name];
+        k.name = s->name, k.category = s->category;
+        k.calls += 1, k.seconds += s->duration_s;
       }
       if (s->category == Category::Communication) {
         auto& k = wait_classes[s->name];
@@ -92,7 +99,7 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
       }
     }
     const auto u_gemm = union_of(gemm), u_other = union_of(other), u_comm = union_of(comm), u_pipe = union_of(pipe),
-               u_flight = union_of(flight);
+               u_flight = union_of(flight), u_host = union_of(host);
     std::vector<Interval> all_compute = u_gemm;
     all_compute.insert(all_compute.end(), u_other.begin(), u_other.end());
     const auto u_compute = union_of(all_compute);
@@ -111,13 +118,16 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
       r.in_flight += length(f);
       r.overlapped += length(intersect(f, clip(u_compute, w)));
       r.host += (w.end - w.begin) - length(clip(u_busy, w));
+      // Host spans outside every compute span and wait (the same time host counts).
+      const auto busy_w = clip(u_busy, w), host_w = clip(u_host, w);
+      r.host_traced += length(host_w) - length(intersect(host_w, busy_w));
     }
     double covered = 0;
     for (const Interval& w : windows) covered += w.end - w.begin;
     r.idle = std::max(0.0, windows.back().end - windows.front().begin - covered);
     const double n = static_cast<double>(windows.size());
     for (double* f : {&r.step, &r.compute, &r.gemm, &r.other, &r.comm_exposed, &r.comm_sum, &r.pipeline_wait,
-                      &r.in_flight, &r.overlapped, &r.host, &r.idle, &r.flops, &r.bytes})
+                      &r.in_flight, &r.overlapped, &r.host, &r.host_traced, &r.idle, &r.flops, &r.bytes})
       *f /= n;
     rank_steps += n;
     out.ranks.push_back(r);
@@ -132,9 +142,14 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
     k.calls /= rank_steps, k.seconds /= rank_steps, k.bytes /= rank_steps;
     out.waits.push_back(k);
   }
+  for (auto& [name, k] : host_classes) {
+    k.calls /= rank_steps, k.seconds /= rank_steps;
+    out.host_work.push_back(k);
+  }
   auto by_time = [](const auto& a, const auto& b) { return a.seconds > b.seconds; };
   std::sort(out.kernels.begin(), out.kernels.end(), by_time);
   std::sort(out.waits.begin(), out.waits.end(), by_time);
+  std::sort(out.host_work.begin(), out.host_work.end(), by_time);
   const RankBreakdown* slowest = &out.ranks.front();
   for (const auto& r : out.ranks)
     if (r.compute > slowest->compute) slowest = &r;

@@ -7,7 +7,8 @@
 //                  pipeline's wait (its bubble plus exposed point-to-point transfers)
 //   in flight      asynchronous collectives from issue to completion (InFlight spans); overlapped = the
 //                  part of that under compute
-//   host           the part of a step no span covers (the host loop: launching, bookkeeping, data)
+//   host           the part of a step no compute or wait covers (the host loop: launching, bookkeeping,
+//                  data); host_traced is the part of it inside Host spans (data_load, checkpoint_save)
 //   idle           time between steps (validation, checkpoints, anything outside a step span)
 // Every figure is seconds per step, averaged over the analysed steps (the first `skip_steps` of each
 // rank are left out: they pay for primitive creation and page faults).
@@ -29,6 +30,7 @@ struct RankBreakdown {
   double pipeline_wait = 0;
   double in_flight = 0, overlapped = 0;
   double host = 0;
+  double host_traced = 0;                // of host: spans of traced host work (data loading, checkpoints)
   double idle = 0;                       // between analysed steps, per step
   double flops = 0, bytes = 0;           // declared by this rank's kernels
 };
@@ -54,6 +56,7 @@ struct TraceAnalysis {
   std::vector<RankBreakdown> ranks;          // by rank
   std::vector<KernelClass> kernels;          // by time, descending
   std::vector<KernelClass> waits;            // Communication spans by name (per step and rank), descending
+  std::vector<KernelClass> host_work;        // Host spans by name (per step and rank), descending
   std::vector<StragglerWait> stragglers;     // by others_waited, descending
   int slowest_rank = 0;                      // the most compute per step
   RankBreakdown mean() const;                // the ranks' mean (rank -1)

@@ -223,7 +223,10 @@ SessionSummary Session::run() {
       if (periodic || final || preempted) {
         // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
         trainer.gather_full_state();
-        if (sum.lead) say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+        if (sum.lead) {
+          profile::Span span(&tracer, "checkpoint_save", profile::Category::Host);
+          say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+        }
         trainer.release_full_state();
         // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
         // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save.

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "loom/core/checksum.h"
 #include "loom/error.h"
@@ -106,7 +108,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     const double pp_wait0 = pipeline_->wait_seconds();
     const auto pp_t0 = std::chrono::steady_clock::now();
     loss_sum = pipeline_->train(static_cast<int>(n_micro), tokens_, targets_,
-                                [&](int64_t m) { data_->fill(tokens_, targets_, first + m * mb, Split::Train); },
+                                [&](int64_t m) { load(first + m * mb, Split::Train); },
                                 grad_scale);
     const double schedule_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pp_t0).count();
     double idle = schedule_s > 0 ? (pipeline_->wait_seconds() - pp_wait0) / schedule_s : 0.0;
@@ -126,7 +128,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   }
   for (int64_t m = 0; !pipeline_ && m < n_micro; ++m) {
     profile::ScopedSpanContext where(profile::SpanContext::kNoUnit, nullptr, static_cast<int>(m));
-    data_->fill(tokens_, targets_, first + m * mb, Split::Train);
+    load(first + m * mb, Split::Train);
     // Gradients are scaled by the global sample count, so the sum over replicas is the batch gradient;
     // the strategy decides in which micro-batches it reduces.
     dp.begin_micro_batch(true, m == n_micro - 1);
@@ -173,6 +175,18 @@ StepMetrics Trainer::train_step(int64_t step) {
   return s;
 }
 
+void Trainer::load(int64_t first_sample, Split split) {
+  profile::Span span(backend_.tracer(), "data_load", profile::Category::Host);
+  // Test-only fault: a slow data loader (LOOM_FAULT_INJECT=slow_data:MS), for the profiler's host verdict.
+  static const int slow_ms = [] {
+    const char* f = std::getenv("LOOM_FAULT_INJECT");
+    int ms = 0;
+    return f && std::sscanf(f, "slow_data:%d", &ms) == 1 ? ms : 0;
+  }();
+  if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+  data_->fill(tokens_, targets_, first_sample, split);
+}
+
 void Trainer::check_finite_gradients(int64_t step) const {
   // Under ZeRO only this rank's pieces hold summed gradients; the rest of the arena is scratch (stale,
   // or shared between blocks), so only the pieces are searched.
@@ -212,12 +226,12 @@ double Trainer::evaluate() {
   for (int64_t b = 0; b < cfg_.train.eval_batches; ++b) {
     if (pipeline_) {
       sum += pipeline_->evaluate(static_cast<int>(share / mb), tokens_, targets_, [&](int64_t m) {
-        data_->fill(tokens_, targets_, b * B + dp_rank_ * share + m * mb, Split::Validation);
+        load(b * B + dp_rank_ * share + m * mb, Split::Validation);
       });
       continue;
     }
     for (int64_t m = 0; m < share / mb; ++m) {
-      data_->fill(tokens_, targets_, b * B + dp_rank_ * share + m * mb, Split::Validation);
+      load(b * B + dp_rank_ * share + m * mb, Split::Validation);
       sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
     }
   }

@@ -107,6 +107,8 @@ class Trainer {
 
   // Tensor or pipeline parallelism: the shards of dp rank 0's model-parallel group gathered into whole
   // tensors on its rank 0.
+  // The micro-batch of samples from `first_sample` into tokens_ / targets_ (traced as data loading).
+  void load(int64_t first_sample, Split split);
   void gather_model_shards();
   // Refuses, before any step, a pipeline whose transfers its schedule cannot run without deadlock here.
   void check_pipeline_messages_fit() const;
