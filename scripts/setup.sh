@@ -19,6 +19,7 @@ packages=(
   fortunes                         # the default training corpus (text files under /usr/share/games/fortunes)
   python3-torch python3-numpy      # PyTorch parity references and benchmark baselines (/usr/bin/python3)
   libopenblas0-pthread             # without it Debian's torch falls back to netlib BLAS (~2 GFLOP/s)
+  chromium python3-pil             # the profiler's HTML report is rendered headless in a test and checked
 )
 
 SUDO=""

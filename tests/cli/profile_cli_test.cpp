@@ -78,6 +78,41 @@ TEST(ProfileCli, RunsBuiltToBeBoundByEachClassGetThatVerdict) {
   fs::remove_all(dir);
 }
 
+// The HTML report is one self-contained page (nothing fetched) that a browser renders: headless
+// Chromium (installed by scripts/setup.sh) takes a screenshot that is not blank, and the page it built
+// holds the verdict.
+TEST(ProfileCli, TheHtmlReportRendersInAHeadlessBrowser) {
+  auto dir = scratch_dir("profile-html");
+  const std::string out = (dir / "run").string(), html = (dir / "report.html").string();
+  auto r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --set train.steps=5 "
+                    "--set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.dp=2 --set train.out_dir=" +
+                    out + " --set trace.file=" + out + "/trace.json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run_loom("profile report " + out + " --bandwidth 1e10 --peak-flops 1e11 --html " + html);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("HTML report written to " + html));
+  std::ifstream in(html);
+  const std::string page((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_THAT(page, HasSubstr("<svg"));
+  EXPECT_THAT(page, HasSubstr("verdict: bound by "));
+  EXPECT_THAT(page, HasSubstr("One step across ranks"));
+  EXPECT_EQ(page.find("src="), std::string::npos) << "nothing is loaded from elsewhere";
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  if (run_shell("command -v chromium").rc != 0) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+  const std::string png = (dir / "report.png").string(), profile = (dir / "chromium").string();
+  const std::string chromium = "timeout 120 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" + profile;
+  r = run_shell(chromium + " --window-size=1300,1000 --screenshot=" + png + " file://" + html);
+  ASSERT_TRUE(fs::exists(png)) << r.err;
+  // Not blank: the page's colors (the verdict box, the bars, the timeline) are on the screenshot.
+  r = run_shell("/usr/bin/python3 -c \"import sys; from PIL import Image; im = Image.open(sys.argv[1]); "
+                "print(len(im.getcolors(1 << 24)))\" " + png);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_GT(std::stoi(r.out), 20) << "distinct colors on the screenshot";
+  r = run_shell(chromium + " --dump-dom file://" + html);
+  EXPECT_THAT(r.out, HasSubstr("verdict: bound by "));
+  fs::remove_all(dir);
+}
+
 TEST(ProfileCli, WhatIsNotATraceIsRefusedInOneLine) {
   auto dir = scratch_dir("profile-bad");
   const std::string out = (dir / "run").string();

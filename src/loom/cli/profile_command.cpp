@@ -14,6 +14,7 @@
 #include "loom/comm/hang_report.h"
 #include "loom/error.h"
 #include "loom/plan/hardware.h"
+#include "loom/profile/html_report.h"
 #include "loom/profile/step_report.h"
 #include "loom/train/run_config.h"
 
@@ -29,6 +30,7 @@ struct ProfileOptions {
   double peak_flops = 0, bandwidth = 0;
   int skip_steps = 2;
   bool json = false;
+  std::string html;
 };
 
 // A run directory's trace and facts: the manifest names the trace file (trace.file of its resolved
@@ -107,10 +109,16 @@ int run_report(const ProfileOptions& o) {
                       "--machine FILE (loom calibrate) or --peak-flops");
   for (size_t i = 0; i < sources.size(); ++i) roof.source += (i ? "; " : "") + sources[i];
   const auto report = profile::build_report(analysis, roof, in.facts);
+  if (!o.html.empty()) {
+    std::ofstream out(o.html);
+    out << profile::html_report(report, spans, o.path);
+    if (!out) throw IoError("cannot write the HTML report '" + o.html + "': check the folder exists and is writable");
+  }
   if (o.json)
     std::cout << profile::report_json(report).dump(2) << "\n";
   else
-    std::cout << "loom profile report: " << in.trace << "\n" << profile::format_report(report);
+    std::cout << "loom profile report: " << in.trace << "\n" << profile::format_report(report)
+              << (o.html.empty() ? "" : "HTML report written to " + o.html + "\n");
   return 0;
 }
 
@@ -155,6 +163,8 @@ void register_profile(CLI::App& app, Action& action) {
   report->add_option("--skip-steps", o->skip_steps, "steps of each rank left out at the start (warm-up)")
       ->check(finite_range(0, 1e9));
   report->add_flag("--json", o->json, "print the report as JSON");
+  report->add_option("--html", o->html,
+                     "also write the report as one self-contained HTML page (timeline, breakdown, roofline, verdict)");
   report->callback([&action, o] { action = [o] { return run_report(*o); }; });
   auto hang_dir = std::make_shared<std::string>();
   auto* hang = cmd->add_subcommand(
