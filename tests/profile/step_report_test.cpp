@@ -35,6 +35,9 @@ TEST(Intervals, UnionIntersectAndClip) {
   EXPECT_DOUBLE_EQ(length(u), 5);
   EXPECT_DOUBLE_EQ(length(intersect(u, union_of({{2, 5.5}}))), 1.5);
   EXPECT_DOUBLE_EQ(length(clip(u, {1, 6.5})), 3.5);
+  const auto d = subtract(u, union_of({{0.5, 1}, {2, 5.5}}));  // {0,0.5} {1,2} {5.5,7}
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_DOUBLE_EQ(length(d), 3);
 }
 
 // Each 10 ms step: a GEMM [1, 4), a kernel [3, 6) (compute union 5, GEMM 3, other 3), a wait [6, 8),
@@ -48,6 +51,7 @@ TEST(TraceAnalysis, HandWorkedStepBreakdown) {
     t.add("gelu_fwd", "kernel", 0, b + 3, 3, 1e6, 3e7);
     t.add("dp_all_reduce_wait", "comm", 0, b + 6, 2);
     t.add("tp_all_reduce", "comm_in_flight", 0, b + 2, 7);
+    t.add("all_reduce", "comm_work", 0, b + 3.5, 1);  // beside compute: hidden, not exposed
   }
   const auto a = analyse_trace(t.spans(), 1);
   ASSERT_EQ(a.ranks.size(), 1u);

@@ -259,7 +259,24 @@ void ProcessGroup::execute(Op& op) {
       throw CommError(fmt::format("rank {}: {} not run: group {} failed earlier ({})", ranks_[rank_], label(op), id_,
                                   broken));
     if (tuning_.debug && is_collective(op.desc.kind) && size() > 1) debug_check(op);
-    algo = run_algorithm(op);
+    // The work itself, on this thread, as a span: its bytes, group, sequence number and algorithm.
+    profile::SpanContext& where = profile::span_context();
+    const profile::SpanContext saved = where;
+    where.group = id_.c_str();
+    where.seq = is_collective(op.desc.kind) ? static_cast<int64_t>(op.desc.seq) : -1;
+    where.algorithm = nullptr;
+    {
+      profile::Span span(tracer_.load(), op_name(op.desc.kind), profile::Category::CommWork, 0,
+                         static_cast<double>(op.bytes));
+      try {
+        algo = run_algorithm(op);
+      } catch (...) {
+        where = saved;
+        throw;
+      }
+      where.algorithm = algo_name(algo);
+    }
+    where = saved;
   } catch (const PeerTimeout& pt) {
     std::vector<int> missing;
     for (int r : pt.missing) missing.push_back(ranks_.at(group_rank(pt.source, r)));

@@ -20,6 +20,7 @@
 #include "loom/comm/flight_recorder.h"
 #include "loom/comm/transport.h"
 #include "loom/core/allocator.h"
+#include "loom/profile/tracer.h"
 
 namespace loom::comm {
 
@@ -126,6 +127,10 @@ class ProcessGroup {
   RegisteredBuffer register_buffer(size_t bytes, MemCategory category = MemCategory::Communication);
 
   GroupStats stats() const;
+  // Where the progress thread records each op it runs (a CommWork span with the op's bytes, group,
+  // sequence number and algorithm); nullptr: nowhere. Set before ops are issued, cleared before the
+  // tracer goes.
+  void set_tracer(profile::Tracer* tracer) { tracer_.store(tracer); }
   // The group's last ops (comm/flight_recorder.h) as JSON: {"group", "ranks", "rank", "records"}.
   nlohmann::json flight_json() const;
 
@@ -162,6 +167,7 @@ class ProcessGroup {
   std::string broken_;  // the first failure: later ops fail at once instead of hanging
   GroupStats stats_;
   FlightRecorder flight_;
+  std::atomic<profile::Tracer*> tracer_{nullptr};
   // Test-only fault (LOOM_FAULT_INJECT=hang_before_collective:RANK:SEQ): global rank RANK stops before
   // issuing its collective number SEQ in any group, as a rank stuck outside the collectives would.
   int hang_rank_ = -1;

@@ -37,6 +37,20 @@ std::vector<Interval> intersect(const std::vector<Interval>& a, const std::vecto
   return out;
 }
 
+std::vector<Interval> subtract(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  std::vector<Interval> out;
+  size_t j = 0;
+  for (Interval i : a) {
+    while (j < b.size() && b[j].end <= i.begin) ++j;
+    for (size_t k = j; k < b.size() && b[k].begin < i.end; ++k) {
+      if (b[k].begin > i.begin) out.push_back({i.begin, b[k].begin});
+      i.begin = std::max(i.begin, b[k].end);
+    }
+    if (i.end > i.begin) out.push_back(i);
+  }
+  return out;
+}
+
 std::vector<Interval> clip(const std::vector<Interval>& a, Interval w) { return intersect(a, {w}); }
 
 }  // namespace loom::profile

@@ -17,6 +17,8 @@ std::vector<Interval> union_of(std::vector<Interval> v);
 double length(const std::vector<Interval>& u);
 // The part of union `a` that union `b` also covers.
 std::vector<Interval> intersect(const std::vector<Interval>& a, const std::vector<Interval>& b);
+// The part of union `a` that union `b` does not cover.
+std::vector<Interval> subtract(const std::vector<Interval>& a, const std::vector<Interval>& b);
 // The part of union `a` inside [w.begin, w.end).
 std::vector<Interval> clip(const std::vector<Interval>& a, Interval w);
 

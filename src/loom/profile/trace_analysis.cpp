@@ -65,7 +65,7 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
   for (auto& [rank, list] : by_rank) {
     const auto windows = step_windows(list, skip_steps);
     if (windows.empty()) continue;
-    std::vector<Interval> gemm, other, comm, pipe, flight, host;
+    std::vector<Interval> gemm, other, comm, pipe, flight, host, work;
     RankBreakdown r;
     r.rank = rank;
     r.steps = static_cast<int>(windows.size());
@@ -75,6 +75,7 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
       if (s->category == Category::Kernel) other.push_back(i);
       if (s->category == Category::InFlight) flight.push_back(i);
       if (s->category == Category::Host) host.push_back(i);
+      if (s->category == Category::CommWork) work.push_back(i);
       if (s->category == Category::Communication) (is_pipeline_wait(s->name) ? pipe : comm).push_back(i);
       if (!inside(*s, windows)) continue;
       if (is_compute(s->category)) {
@@ -98,11 +99,15 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
         waits[s->name][rank].push_back(s->duration_s);
       }
     }
-    const auto u_gemm = union_of(gemm), u_other = union_of(other), u_comm = union_of(comm), u_pipe = union_of(pipe),
-               u_flight = union_of(flight), u_host = union_of(host);
+    const auto u_gemm = union_of(gemm), u_other = union_of(other), u_pipe = union_of(pipe), u_flight = union_of(flight),
+               u_host = union_of(host);
     std::vector<Interval> all_compute = u_gemm;
     all_compute.insert(all_compute.end(), u_other.begin(), u_other.end());
     const auto u_compute = union_of(all_compute);
+    // Collective work no compute ran beside (an op run inline on the training thread, or the progress
+    // thread's while the training thread did nothing else) is exposed like a wait.
+    for (const Interval& i : subtract(union_of(work), u_compute)) comm.push_back(i);
+    const auto u_comm = union_of(comm);
     std::vector<Interval> busy = u_compute;
     busy.insert(busy.end(), u_comm.begin(), u_comm.end());
     busy.insert(busy.end(), u_pipe.begin(), u_pipe.end());

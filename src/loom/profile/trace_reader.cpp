@@ -10,7 +10,7 @@ namespace loom::profile {
 
 bool parse_category(const std::string& name, Category& out) {
   for (Category c : {Category::Gemm, Category::Kernel, Category::Communication, Category::Host, Category::Step,
-                     Category::InFlight})
+                     Category::InFlight, Category::CommWork})
     if (name == category_name(c)) {
       out = c;
       return true;

@@ -19,6 +19,7 @@ const char* category_name(Category c) {
     case Category::Host: return "host";
     case Category::Step: return "step";
     case Category::InFlight: return "comm_in_flight";
+    case Category::CommWork: return "comm_work";
   }
   return "?";
 }
@@ -72,12 +73,18 @@ std::string Tracer::chrome_events_json(int64_t origin_ns, int64_t clock_offset_n
                                 rank_, rank_);
   for (auto& e : events_) {
     // Steps, GEMMs and other kernels on separate tracks keeps nesting readable in Perfetto.
-    int tid = e.category == Category::Step ? 0 : (e.category == Category::Communication ? 2 : 1);
+    int tid = e.category == Category::Step            ? 0
+              : e.category == Category::Communication ? 2
+              : e.category == Category::CommWork      ? 3
+                                                      : 1;
     // Where in the model and the step the span ran, when known.
     std::string where;
     if (e.context.unit != SpanContext::kNoUnit) where += fmt::format(",\"unit\":{}", e.context.unit);
     if (e.context.micro_batch >= 0) where += fmt::format(",\"micro_batch\":{}", e.context.micro_batch);
     if (e.context.pass) where += fmt::format(",\"pass\":\"{}\"", e.context.pass);
+    if (e.context.group) where += fmt::format(",\"group\":\"{}\"", e.context.group);
+    if (e.context.seq >= 0) where += fmt::format(",\"seq\":{}", e.context.seq);
+    if (e.context.algorithm) where += fmt::format(",\"algorithm\":\"{}\"", e.context.algorithm);
     out += fmt::format(
         ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{},"
         "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}{}}}}}",

@@ -16,7 +16,9 @@ namespace loom::profile {
 // Communication: time a thread spent waiting on a collective (exposed). InFlight: an asynchronous
 // collective from issue to completion, with compute running under it; its wait is a Communication span
 // named "<in-flight name>.wait", and the in-flight time no wait covers was hidden (overlapped).
-enum class Category { Gemm, Kernel, Communication, Host, Step, InFlight };
+// CommWork: a collective or transfer as the group's progress thread runs it (what moves the data), beside
+// the training thread's Communication waits for it.
+enum class Category { Gemm, Kernel, Communication, Host, Step, InFlight, CommWork };
 const char* category_name(Category c);
 
 // What the calling thread is computing, recorded with each span it closes (Full mode): the model's
@@ -28,6 +30,11 @@ struct SpanContext {
   int unit = kNoUnit;
   int micro_batch = -1;
   const char* pass = nullptr;  // a string literal
+  // A collective's spans (CommWork): its group, sequence number in it and algorithm (strings that
+  // outlive the trace: the group's id, a static name).
+  const char* group = nullptr;
+  int64_t seq = -1;
+  const char* algorithm = nullptr;
 };
 SpanContext& span_context();  // this thread's
 

@@ -107,6 +107,19 @@ SessionSummary Session::run() {
                          : cfg.trace.summary    ? profile::Tracer::Mode::Summary
                                                 : profile::Tracer::Mode::Off,
                          job.rank);
+  // The groups' progress threads record each op they run (CommWork spans) while this tracer lives.
+  struct GroupTracing {
+    std::vector<comm::ProcessGroup*> groups;
+    ~GroupTracing() {
+      for (auto* g : groups) g->set_tracer(nullptr);
+    }
+  } group_tracing;
+  if (world && tracer.on()) {
+    group_tracing.groups.push_back(&world->group());
+    for (auto axis : {spec::MeshAxis::PP, spec::MeshAxis::DP, spec::MeshAxis::CP, spec::MeshAxis::TP})
+      if (comm::ProcessGroup* g = mesh->group(axis)) group_tracing.groups.push_back(g);
+    for (auto* g : group_tracing.groups) g->set_tracer(&tracer);
+  }
   kernels::CpuBackend backend(alloc, &tracer, o.threads);
   RunIdentity id{o.version, o.commit, backend.describe(), o.threads, 0, ""};
   say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
