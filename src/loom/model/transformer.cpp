@@ -123,40 +123,36 @@ void Transformer::block_backward(const BlockWeights& blk, BlockActivations& a, A
                                  const Tensor& x_in, const kernels::AttentionShape& s, BlockOutputGrads* split) {
   auto& be = backend_;
   auto& ops = *ops_;
-  // Split: the four linears' output gradients stay in `split` for the weight pass (the residual stream's
-  // gradient is copied, as the norms' backward adds into it).
+  // Split: the four linears compute their input gradients only, and their output gradients stay in
+  // `split` for the weight pass (the residual stream's gradient is copied: the norms' backward adds
+  // into it). Whole: each linear computes both (row- or column-parallel as the op interface has it).
   const Tensor& d_h_pre = split ? split->up : c.d_h_pre;
   const Tensor& d_qkv = split ? split->qkv : c.d_qkv;
+  auto linear_backward = [&](const Tensor& dx, const kernels::LinearWeights& lin, const Tensor& dy, const Tensor& x,
+                             bool row, const Tensor* keep_dy) {
+    if (split) {
+      if (keep_dy) keep_dy->copy_from(dy);
+      ops.linear_backward_input(dx, lin, dy, x);
+    } else if (row) {
+      ops.row_backward(dx, lin, dy, x);
+    } else {
+      ops.column_backward(&dx, lin, dy, x);
+    }
+  };
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
-  if (split) {
-    split->down.copy_from(c.d_res);
-    ops.linear_backward_input(c.d_h_act, blk.down, c.d_res, a.h_act_lp);
-  } else {
-    ops.row_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp);
-  }
+  linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr);
   if (llama_)
     be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
   else
     be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
-  if (split)
-    ops.linear_backward_input(c.d_norm, blk.up, d_h_pre, a.n2_lp);
-  else
-    ops.column_backward(&c.d_norm, blk.up, d_h_pre, a.n2_lp);
+  linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr);
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
   runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
-  if (split) {
-    split->out.copy_from(c.d_res);
-    ops.linear_backward_input(c.d_att, blk.out, c.d_res, a.att_lp);
-  } else {
-    ops.row_backward(c.d_att, blk.out, c.d_res, a.att_lp);
-  }
+  linear_backward(c.d_att, blk.out, c.d_res, a.att_lp, true, split ? &split->out : nullptr);
   be.attention_backward(d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
   if (llama_) be.rope_backward(d_qkv, rope_.cos, rope_.sin, s);
-  if (split)
-    ops.linear_backward_input(c.d_norm, blk.qkv, d_qkv, a.n1_lp);
-  else
-    ops.column_backward(&c.d_norm, blk.qkv, d_qkv, a.n1_lp);
+  linear_backward(c.d_norm, blk.qkv, d_qkv, a.n1_lp, false, nullptr);
   runner_.norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
   add_partial_grads({&blk.norm2, &blk.norm1}, c);
 }
@@ -269,63 +265,47 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
   return c.valid_targets > 0 ? sum / static_cast<double>(c.valid_targets) : 0.0;
 }
 
-void Transformer::backward_chunk(ActivationContext& c, const Chunk& ch) {
-  check_chunk(ch);
-  const auto s = attention_shape(c.B, c.T);
-  const int64_t L = cfg_.n_layers;
-  LayerHooks none;
-  LayerHooks& h = hooks_ ? *hooks_ : none;
-  if (ch.head) {
-    profile::ScopedSpanContext where(static_cast<int>(L), "B");
-    h.before_backward(L);
-    // LM head: logits hold dlogits after the fused softmax-cross-entropy.
-    ops_->column_backward(&c.d_norm, w_.head, c.logits, c.nf_lp);
-    c.d_res.fill_zero();
-    if (c.norm_grads.defined()) c.norm_grads.fill_zero();
-    runner_.norm_backward(partial_grads(w_.norm_f, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
-    add_partial_grads({&w_.norm_f}, c);
-    h.after_backward(L);
-  }
-  for (int64_t l = ch.last - 1; l >= ch.first; --l) {
-    profile::ScopedSpanContext where(static_cast<int>(l), "B");
-    h.before_backward(l);
-    block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s);
-    h.after_backward(l);
-  }
-  if (ch.embeddings) {
-    profile::ScopedSpanContext where(-1, "B");
-    h.before_backward(-1);
-    ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
-    h.after_backward(-1);
-  }
-}
+void Transformer::backward_chunk(ActivationContext& c, const Chunk& ch) { backward_walk(c, ch, false); }
 
 void Transformer::backward_chunk_input(ActivationContext& c, const Chunk& ch) {
-  check_chunk(ch);
   if (!ops_->splits_backward())
     throw UnsupportedError("a split (zero-bubble) backward needs the whole model's layer ops, not a tensor-parallel shard's");
   if (c.split.size() != static_cast<size_t>(cfg_.n_layers))
     throw Error("internal: a split backward needs a context made with split_backward");
+  backward_walk(c, ch, true);
+}
+
+void Transformer::backward_walk(ActivationContext& c, const Chunk& ch, bool split) {
+  check_chunk(ch);
   const auto s = attention_shape(c.B, c.T);
   const int64_t L = cfg_.n_layers;
+  const char* pass = split ? "BI" : "B";
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
-  // The units' hooks open here and close in the weight pass, when their gradients are final (the
-  // embeddings' and the norms' are computed here).
+  // Split: the units' hooks open here and close in the weight pass, when their gradients are final
+  // (the embeddings' and the norms' are computed here).
   if (ch.head) {
-    profile::ScopedSpanContext where(static_cast<int>(L), "BI");
+    profile::ScopedSpanContext where(static_cast<int>(L), pass);
     h.before_backward(L);
-    ops_->linear_backward_input(c.d_norm, w_.head, c.logits, c.nf_lp);  // logits hold dlogits
+    // LM head: logits hold dlogits after the fused softmax-cross-entropy.
+    if (split)
+      ops_->linear_backward_input(c.d_norm, w_.head, c.logits, c.nf_lp);
+    else
+      ops_->column_backward(&c.d_norm, w_.head, c.logits, c.nf_lp);
     c.d_res.fill_zero();
-    runner_.norm_backward(w_.norm_f, c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+    if (c.norm_grads.defined()) c.norm_grads.fill_zero();
+    runner_.norm_backward(partial_grads(w_.norm_f, c, 0), c.d_res, c.d_norm, c.residual[L], c.nf_mean, c.nf_rstd);
+    add_partial_grads({&w_.norm_f}, c);
+    if (!split) h.after_backward(L);
   }
   for (int64_t l = ch.last - 1; l >= ch.first; --l) {
-    profile::ScopedSpanContext where(static_cast<int>(l), "BI");
+    profile::ScopedSpanContext where(static_cast<int>(l), pass);
     h.before_backward(l);
-    block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s, &c.split[static_cast<size_t>(l)]);
+    block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s, split ? &c.split[static_cast<size_t>(l)] : nullptr);
+    if (!split) h.after_backward(l);
   }
   if (ch.embeddings) {
-    profile::ScopedSpanContext where(-1, "BI");
+    profile::ScopedSpanContext where(-1, pass);
     h.before_backward(-1);
     ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
     h.after_backward(-1);

@@ -67,6 +67,8 @@ class Transformer {
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
  private:
+  // backward_chunk (split false) or its input-gradient pass (split true): one walk over the chunk.
+  void backward_walk(ActivationContext& ctx, const Chunk& chunk, bool split);
   // split: the block's linears compute only their input gradients and leave their output gradients in
   // `split` (for block_backward_weight); nullptr: whole.
   void block_backward(const BlockWeights& w, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
