@@ -7,6 +7,7 @@
 
 #include "data_test_util.h"
 #include "loom/error.h"
+#include "loom/core/checksum.h"
 #include "loom/train/shard_format.h"
 
 namespace loom::train {
@@ -148,6 +149,24 @@ TEST_F(ShardTest, CorruptedHeaderIsRefused) {
   const uint32_t vocab = kVocab + 1;  // a plausible value: only the header checksum can tell
   patch(40, &vocab, 4);
   expect_refused("corrupted header");
+}
+
+// Found by the shard_header fuzzer: a vocabulary past int32 let a 4-byte token within it come out of
+// the loader negative. A header with a valid checksum must still hold a vocabulary token ids can carry.
+TEST_F(ShardTest, VocabularyPastInt32IsRefusedEvenWithAValidHeaderChecksum) {
+  const uint32_t vocab = 0x80000001u;
+  patch(40, &vocab, 4);
+  std::string b = read_all(path_);
+  const uint64_t sum = loom::checksum64(reinterpret_cast<const unsigned char*>(b.data()), 56);
+  patch(56, &sum, 8);
+  expect_refused("vocabulary of 2147483649 tokens");
+}
+
+TEST_F(ShardTest, WriterRefusesAVocabularyPastInt32) {
+  ShardHeader h = header_;
+  h.vocab_size = 0x80000000u;
+  h.token_bytes = 4;
+  EXPECT_THROW(write_shard(dir_ / "huge.bin", h, tokens_), ConfigError);
 }
 
 TEST_F(ShardTest, FlippedTokenByteIsRefusedByTheChecksum) {

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "loom/core/checksum.h"
@@ -63,6 +64,8 @@ uint32_t token_bytes_for(int64_t vocab_size) { return vocab_size <= 65536 ? 2u :
 
 ShardHeader write_shard(const fs::path& path, ShardHeader h, std::span<const int32_t> tokens) {
   if (h.token_bytes != 2 && h.token_bytes != 4) throw ConfigError("shard token width must be 2 or 4 bytes");
+  if (h.vocab_size == 0 || h.vocab_size > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
+    throw ConfigError("vocabulary " + std::to_string(h.vocab_size) + " is not a valid shard vocabulary (1 to 2^31-1)");
   if (h.token_bytes == 2 && h.vocab_size > 65536)
     throw ConfigError("vocabulary " + std::to_string(h.vocab_size) + " does not fit u16 shard tokens");
   std::vector<unsigned char> data(tokens.size() * h.token_bytes);
@@ -164,6 +167,10 @@ ShardHeader check_shard(const fs::path& path, std::span<const unsigned char> byt
                ")",
            kRedo);
   h.split = split == 0 ? Split::Train : Split::Validation;
+  // Token ids are int32 everywhere after the loader: a vocabulary past that range would let a token
+  // within it turn negative on the way in.
+  if (h.vocab_size == 0 || h.vocab_size > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
+    refuse(path, "has an invalid header (vocabulary of " + std::to_string(h.vocab_size) + " tokens)", kRedo);
   if (h.tokens == 0) refuse(path, "holds no tokens", kRedo);
   const uint64_t data_bytes = size - kShardHeaderBytes;
   // Compare by division first: a corrupted count must not overflow the
