@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cli_runner.h"
 
@@ -39,6 +40,55 @@ TEST(ProfileCli, ReportsATracedRunsStepsAndVerdict) {
   EXPECT_LE(j["job"]["compute_s"].get<double>(), j["job"]["step_s"].get<double>());
   EXPECT_FALSE(j["verdict"]["bound_by"].get<std::string>().empty());
   EXPECT_EQ(j["mfu"].get<double>(), 0) << "a trace alone has no manifest to count model FLOPs";
+  fs::remove_all(dir);
+}
+
+// Issue 14 item 3: the report puts the planner's prediction for the run's own layout (--engine loom)
+// beside the measurement, class by class, and names the term that misses most. With a machine file each
+// rank gets its share of a one-device CPU machine; without one, the report's roofline.
+TEST(ProfileCli, ThePlannersPredictionStandsBesideTheMeasurement) {
+  auto dir = scratch_dir("profile-planner");
+  const std::string out = (dir / "run").string(), machine = (dir / "machine.toml").string();
+  auto r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --set train.steps=5 "
+                    "--set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.tp=2 "
+                    "--set parallel.sequence_parallel=true --set train.out_dir=" + out + " --set trace.file=" + out +
+                    "/trace.json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run_loom("profile report " + out + " --bandwidth 1e10");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("planner (--engine loom) for layout"));
+  EXPECT_THAT(r.out, HasSubstr("the report's roofline"));
+  EXPECT_THAT(r.out, HasSubstr("memory-bound kernels"));
+  EXPECT_THAT(r.out, HasSubstr("worst error over the classes that count"));
+  {
+    std::ofstream f(machine);
+    f << "name = \"test-cpu\"\nsource = \"written by the test\"\n[device]\nname = \"cpu\"\nmemory_GiB = 16\n"
+         "memory_bandwidth_GBps = 20\npeak_tflops = { bf16 = 0.2, fp8 = 0, f32 = 0.25 }\nattention_tflops = 0.05\n"
+         "[node]\ndevices = 1\n[intra_node]\nbandwidth_GBps = 8\nlatency_us = 1\ntopology = \"shared_memory\"\n"
+         "[inter_node]\nbandwidth_GBps = 1\nlatency_us = 10\n"
+         "[efficiency]\ngemm_max = 0.9\ngemm_half_dim = 8\nmemory = 0.8\nlink = 0.8\n";
+  }
+  r = run_loom("profile report " + out + " --machine " + machine + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("planner")) << r.out;
+  const auto& p = j["planner"];
+  EXPECT_THAT(p["hardware"].get<std::string>(), HasSubstr("one device shared by 2 ranks"));
+  EXPECT_THAT(p["layout"].get<std::string>(), HasSubstr("tp2"));
+  ASSERT_FALSE(p.contains("refused")) << p.dump();
+  std::set<std::string> classes;
+  for (const auto& c : p["classes"]) {
+    classes.insert(c["class"].get<std::string>());
+    EXPECT_GE(c["measured_s"].get<double>(), 0);
+    EXPECT_GE(c["predicted_s"].get<double>(), 0);
+  }
+  for (const char* c : {"GEMM", "attention", "memory-bound kernels", "exposed communication", "host overhead", "step"})
+    EXPECT_TRUE(classes.count(c)) << c;
+  EXPECT_GT(p["classes"].back()["predicted_s"].get<double>(), 0);
+  EXPECT_GT(p["classes"].back()["measured_s"].get<double>(), 0);
+  EXPECT_THAT(p["classes"][1]["term"].get<std::string>(), HasSubstr("attention_tflops"));
+  EXPECT_TRUE(p.contains("most_wrong"));
+  EXPECT_GE(p["worst_error"].get<double>(), 0);
   fs::remove_all(dir);
 }
 

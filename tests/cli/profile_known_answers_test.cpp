@@ -15,7 +15,8 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 // Known answers: runs built to be bound by one class each get that verdict -- a slow data loader (an
-// injected 150 ms per micro-batch, far past the step's compute even on a loaded machine: host), a wide model on one rank (compute), and tiny at dp=4 in fp32
+// injected 150 ms per micro-batch, far past the step's compute even on a loaded machine: host), a wide
+// model on one rank (compute), a narrow one with a large vocabulary (memory), and tiny at dp=4 in fp32
 // with one all-reduce after backward and 16-token micro-batches of one sequence on 2 cores
 // (collectives). The roofline is given (ctest fixes LOOM_PEAK_FLOPS at 1e12, far above these cores):
 // 100 GFLOP/s and 10 GB/s per rank.
@@ -33,6 +34,12 @@ TEST(ProfileCli, RunsBuiltToBeBoundByEachClassGetThatVerdict) {
       {"compute",
        "train " + tiny + "--set model.d_model=512 --set model.d_ff=2048 --set model.n_heads=8 --set model.n_kv_heads=8",
        "", "verdict: bound by compute", "gemm_fwd"},
+      // Narrow (d_model 16) with a 16k vocabulary: every GEMM has a side of 16 (at most 8 FLOP per
+      // byte, under the 10 of this roofline's ridge) and the loss streams 16k logits a token.
+      {"memory",
+       "train " + tiny + "--set model.d_model=16 --set model.n_heads=2 --set model.n_kv_heads=2 --set model.d_ff=64 "
+                         "--set model.vocab_size=16384",
+       "", "verdict: bound by memory", "softmax_xent"},
       {"collectives",
        "run -n 4 -- loom train " + tiny + "--set parallel.dp=4 --set parallel.bucket_kb=0 --set train.batch_size=4 "
                                           "--set train.seq_len=16",

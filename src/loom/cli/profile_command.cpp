@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "loom/cli/commands.h"
+#include "loom/cli/run_prediction.h"
 #include "loom/comm/hang_report.h"
 #include "loom/error.h"
 #include "loom/plan/hardware.h"
@@ -40,6 +42,7 @@ struct RunInputs {
   profile::RunFacts facts;
   double peak_flops = 0;
   std::string precision = "f32";
+  std::optional<train::RunConfig> config;  // the run's resolved config (none for a bare trace)
 };
 
 RunInputs read_run_dir(const fs::path& dir) {
@@ -55,6 +58,7 @@ RunInputs read_run_dir(const fs::path& dir) {
   }
   RunInputs r;
   const auto cfg = train::parse_run_config(j.value("config_toml", std::string()), manifest.string());
+  r.config = cfg;
   r.facts.tokens_per_step = static_cast<double>(cfg.train.batch_size * cfg.seq_len());
   r.facts.model_flops_per_token = j.value("model_flops_per_token", 0.0);
   r.peak_flops = j.value("peak_flops", 0.0);
@@ -73,6 +77,8 @@ RunInputs read_run_dir(const fs::path& dir) {
 
 int run_report(const ProfileOptions& o) {
   RunInputs in;
+  std::optional<plan::Hardware> machine;
+  if (!o.machine.empty()) machine = plan::load_hardware(o.machine);
   if (fs::is_directory(o.path))
     in = read_run_dir(o.path);
   else
@@ -88,9 +94,8 @@ int run_report(const ProfileOptions& o) {
   profile::Roofline roof;
   std::vector<std::string> sources;
   if (!o.machine.empty()) {
-    const auto hw = plan::load_hardware(o.machine);
-    roof.peak_flops = hw.peak(in.precision) / n_ranks;
-    roof.bandwidth = hw.device.memory_bandwidth / n_ranks;
+    roof.peak_flops = machine->peak(in.precision) / n_ranks;
+    roof.bandwidth = machine->device.memory_bandwidth / n_ranks;
     sources.push_back("machine file " + o.machine + ", shared by " + std::to_string(ranks.size()) + " rank(s)");
   } else {
     roof.peak_flops = in.peak_flops;
@@ -109,16 +114,26 @@ int run_report(const ProfileOptions& o) {
                       "--machine FILE (loom calibrate) or --peak-flops");
   for (size_t i = 0; i < sources.size(); ++i) roof.source += (i ? "; " : "") + sources[i];
   const auto report = profile::build_report(analysis, roof, in.facts);
+  // The planner's prediction beside the measurement needs the run's config: only a run directory has it.
+  std::optional<RunPrediction> prediction;
+  if (in.config) prediction = predict_run(*in.config, static_cast<int>(ranks.size()), machine, report);
+  const std::string prediction_text =
+      prediction ? format_run_prediction(*prediction)
+                 : "\nplanner: no prediction for a bare trace; give the run's directory (its config names the layout)\n";
   if (!o.html.empty()) {
     std::ofstream out(o.html);
-    out << profile::html_report(report, spans, o.path);
+    out << profile::html_report(report, spans, o.path, {{"The planner's prediction", prediction_text}});
     if (!out) throw IoError("cannot write the HTML report '" + o.html + "': check the folder exists and is writable");
   }
-  if (o.json)
-    std::cout << profile::report_json(report).dump(2) << "\n";
-  else
-    std::cout << "loom profile report: " << in.trace << "\n" << profile::format_report(report)
+  if (o.json) {
+    auto j = profile::report_json(report);
+    if (prediction) j["planner"] = run_prediction_json(*prediction);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "loom profile report: " << in.trace << "\n"
+              << profile::format_report(report) << prediction_text
               << (o.html.empty() ? "" : "HTML report written to " + o.html + "\n");
+  }
   return 0;
 }
 

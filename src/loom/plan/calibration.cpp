@@ -245,7 +245,8 @@ std::string calibration_to_toml(const Calibration &c) {
                        list(c.attention, [](const auto &a) { return fmt::format("{:.4g}", a.second * 1e-9); }));
   }
   if (c.elementwise_bytes_per_s > 0)
-    out += fmt::format("# Loom's GeLU forward over 64 MiB, bytes read + written per second.\nelementwise_GBps = {:.4g}\n",
+    out += fmt::format("# Loom's element-wise kernels as a step mixes them (GeLU and LayerNorm forward and backward, AdamW) "
+                       "over 64 MiB arrays: their declared bytes per second.\nelementwise_GBps = {:.4g}\n",
                        c.elementwise_bytes_per_s * 1e-9);
   if (!c.collectives.empty()) {
     out += "# Collectives: op, ranks, bytes (nccl-tests' size), median "

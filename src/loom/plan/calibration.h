@@ -49,7 +49,7 @@ struct Calibration {
       stream; // the largest array size gives the reported bandwidth
   std::vector<CollectiveSample> collectives; // empty: links not measured
   // Loom's own kernels where they are not GEMMs: attention (forward + backward FLOP/s at each shape,
-  // [B, T, H, D]) and a streaming element-wise kernel (GeLU forward, bytes read + written per second).
+  // [B, T, H, D]) and its streaming element-wise kernels as a step mixes them (declared bytes per second).
   std::vector<std::pair<std::vector<int64_t>, double>> attention;
   double elementwise_bytes_per_s = 0;
 };

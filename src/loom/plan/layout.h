@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/plan/hardware.h"
 #include "loom/plan/model_zoo.h"
@@ -45,6 +46,9 @@ struct Software {
   // Memory as Loom's own engine holds it (engine_memory.h: f32 masters, its activation buffers, its
   // ZeRO units) instead of Megatron-LM's conventions; only layouts the engine runs (dp x ZeRO).
   bool loom_engine = false;
+  // With loom_engine under pp: the engine's explicit cut (blocks per chunk, parallel.pipeline.layers);
+  // empty: balanced by cost as the engine cuts.
+  std::vector<int64_t> pipeline_layers;
 };
 
 struct Job {

@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "loom/plan/collective_cost.h"
+#include "loom/plan/engine_stream_bytes.h"
 #include "loom/plan/memory_model.h"
+#include "loom/spec/pipeline_stages.h"
 
 namespace loom::plan {
 
@@ -57,7 +59,7 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   const double hd = static_cast<double>(c.head_dim()), heads = c.n_heads / t;
   const double q = c.n_heads * hd, kv = c.n_kv_heads * hd, F = static_cast<double>(c.d_ff);
   const double bw = hw.device.memory_bandwidth * hw.efficiency.memory;
-  const double act = 2;  // bytes per 16-bit activation element
+  const double act = j.precision == "f32" ? 4 : 2;  // bytes per activation element (f32: Loom's fp32 runs)
   const bool gpt2 = c.arch == spec::Arch::GPT2;
   LayerCost lc;
   // fp8 (Transformer Engine's recipe): the linear layers' GEMMs run at the fp8 peak on 1-byte operands;
@@ -116,7 +118,9 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   // TP: two all-reduces (or all-gather + reduce-scatter pairs with SP: the same bus bytes) of the
   // [n, h] activations per forward, on the intra-node link when the TP group fits in a node.
   const int dpn = hw.devices_per_node;
-  lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * act, group(l.tp, 1, dpn), hw);
+  // Loom's engine keeps activations in f32 in both precisions, so its TP collectives move 4 bytes.
+  const double wire = sw.loom_engine ? 4 : act;
+  lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * wire, group(l.tp, 1, dpn), hw);
   // CP: each rank passes its K,V chunk around the ring (cp - 1 hops), overlapped with attention.
   if (l.cp > 1) {
     const double chunk = n * 2 * kv / t * act;
@@ -139,7 +143,6 @@ StepTime step_time(const Layout& l, const Job& j) {
   const LayerCost lc = layer_cost(l, j, peak);
   const double bw = hw.device.memory_bandwidth * hw.efficiency.memory;
   const double m = static_cast<double>(micro_batches(l, j));
-  const double layers = static_cast<double>(c.n_layers) / l.pp;
   const double s = static_cast<double>(j.seq) / l.cp, b = l.micro_batch, n = s * b, h = static_cast<double>(c.d_model);
   const int dpn = hw.devices_per_node;
 
@@ -147,7 +150,10 @@ StepTime step_time(const Layout& l, const Job& j) {
   // memory-bound kernels read saved inputs and gradients: about twice the bytes), recompute.
   const double cp_fwd = std::max(0.0, lc.cp_comm - lc.attn_core);         // ring hidden behind attention
   const double cp_bwd = std::max(0.0, 2 * lc.cp_comm - 2 * lc.attn_core);  // K,V and their gradients
-  double comp = 3 * lc.gemm, mem = 3 * lc.memory + lc.cast_fwd + lc.cast_bwd, attn = 3 * lc.attn_core;
+  // Flash attention's backward recomputes the scores and probabilities: five GEMM-sized passes to the
+  // forward's two, 2.5x its work (Dao 2023, FlashAttention-2, section 3.1; Loom's kernel declares the same).
+  const double attn_bwd = j.software.flash_attention ? 2.5 : 2.0;
+  double comp = 3 * lc.gemm, mem = 3 * lc.memory + lc.cast_fwd + lc.cast_bwd, attn = (1 + attn_bwd) * lc.attn_core;
   double ep = 2 * lc.ep_comm, cp = cp_fwd + cp_bwd;
   // TP traffic per block (attention, MLP): forward one all-reduce (with SP: an all-gather before the
   // block's first GEMM and a reduce-scatter after its last -- the same bus bytes), backward the same
@@ -179,7 +185,14 @@ StepTime step_time(const Layout& l, const Job& j) {
   // writes fp32 logits.
   const double V = static_cast<double>(c.vocab_size);
   const double peak16 = j.precision == "fp8" ? hw.peak("bf16") : peak;  // the head stays 16-bit under fp8
-  const double head = 3 * gemm_time({n, V / l.tp, h}, hw, peak16, 2) + n * V / l.tp * 16 / bw;
+  const double head = 3 * gemm_time({n, V / l.tp, h}, hw, peak16, j.precision == "f32" ? 4 : 2);
+  double loss = n * V / l.tp * 16 / bw;  // memory-bound: priced with the other streaming kernels
+  double embedding = 0;                 // Megatron's embedding lookup is not priced (tiny beside the blocks)
+  // Loom's engine: the bytes its own kernels move (f32 activations, bf16 copies of GEMM operands), not
+  // Megatron's fused bf16 kernels.
+  const bool engine = j.software.loom_engine;
+  const EngineStreamBytes eb = engine ? engine_stream_bytes(c, l, j.seq, j.precision == "bf16", j.software.tp_overlap) : EngineStreamBytes{};
+  if (engine) mem = eb.per_block / bw, loss = eb.last_stage / bw, embedding = eb.first_stage / bw;
   const double head_flops = 3 * 2 * n * V / l.tp * h;
 
   // Pipeline p2p: each micro-batch crosses every chunk boundary forward and backward; Megatron's
@@ -190,22 +203,43 @@ StepTime step_time(const Layout& l, const Job& j) {
   if (l.pp > 1) {
     const bool inter = l.tp * l.cp * l.dp >= dpn;
     const Link& link = inter ? hw.inter_node : hw.intra_node;
-    const double piece = n * h * 2 / l.tp;
+    const double act = j.precision == "f32" ? 4 : 2;
+    const double piece = n * h * act / l.tp;
     double hop = collective_time(Collective::SendRecv, piece, 2, link, hw.efficiency.link);
-    if (l.tp > 1 && !l.sp) hop += group_collective_time(Collective::AllGather, n * h * 2, group(l.tp, 1, dpn), hw);
+    if (l.tp > 1 && !l.sp) hop += group_collective_time(Collective::AllGather, n * h * act, group(l.tp, 1, dpn), hw);
     p2p = 2 * l.vpp * hop;
   }
-  // Per micro-batch on the slowest (last) stage.
-  const double stage_compute = layers * comp + head;
-  const double stage_mem = layers * (mem + attn);
+  // Per micro-batch on the slowest stage. Megatron cuts the blocks evenly, so the last stage (it adds
+  // the head) is the slowest; Loom's engine cuts them by cost (spec::cut_pipeline, or the explicit
+  // list it was given), so each of its stages is priced and the slowest kept.
+  double layers = static_cast<double>(c.n_layers) / l.pp;
+  bool holds_head = true;
+  int priced_stage = l.pp - 1;
+  if (j.software.loom_engine && l.pp > 1) {
+    const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, j.software.pipeline_layers);
+    double slowest = -1;
+    for (int r = 0; r < l.pp; ++r) {
+      double blocks = 0;
+      for (int g = r; g < cut.chunks(); g += l.pp) blocks += static_cast<double>(cut.layers[static_cast<size_t>(g)]);
+      const bool head_here = cut.rank_of(cut.chunks() - 1) == r;
+      const double t =
+          blocks * (comp + mem + attn + tp + ep + cp) + (head_here ? head + loss : 0) + (r == 0 ? embedding : 0);
+      if (t > slowest) slowest = t, layers = blocks, holds_head = head_here, priced_stage = r;
+    }
+  }
+  const bool holds_embedding = priced_stage == 0 || l.pp == 1;
+  const double stage_compute = layers * comp + (holds_head ? head : 0);
+  const double stage_mem = layers * (mem + attn) + (holds_head ? loss : 0) + (holds_embedding ? embedding : 0);
   const double stage_comm = layers * (tp + ep + cp) + p2p;
   const double per_mb = stage_compute + stage_mem + stage_comm;
 
   StepTime st;
+  st.priced_stage = priced_stage;
   st.compute = m * stage_compute;
   st.memory_bound = m * stage_mem;
   st.tp = m * layers * tp, st.ep = m * layers * ep, st.cp = m * layers * cp, st.pp = m * p2p;
   st.recompute = m * layers * rec;
+  st.attention = m * layers * attn;
   // Bubble: (p-1)/v micro-batch times for GPipe / 1F1B / interleaved; zero-bubble (ZB-H1) removes
   // about two thirds of it by filling it with weight-gradient GEMMs (Qi et al. 2023).
   if (l.pp > 1) {
@@ -237,7 +271,7 @@ StepTime step_time(const Layout& l, const Job& j) {
   // the gradients once more (4) and the accumulation buffer is zeroed for the next step (4). Counted
   // from Megatron-LM's step (clip_grad_norm, FusedAdam, zero_grad_buffer); Loom's AdamW does the same.
   const double shard = l.zero >= 1 ? l.dp : 1;
-  st.memory_bound += (sp.dense + sp.expert) / shard * (30 + 4 + 4) / bw;
+  st.memory_bound += (sp.dense + sp.expert) / shard * (engine ? eb.per_local_parameter : 30 + 4 + 4) / bw;
   // fp8: every layer's linear weights cast (and transposed) to fp8 once per step, kept across the
   // micro-batches (read 2 + write 2 bytes an element).
   st.memory_bound += layers * lc.fp8_weights * 4 / bw;

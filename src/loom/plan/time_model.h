@@ -24,9 +24,11 @@ struct StepTime {
   double comm_exposed = 0;   // communication not hidden behind compute
   double bubble = 0;         // pipeline fill and drain
   double recompute = 0;      // of compute + memory_bound: spent recomputing the forward
+  double attention = 0;      // of memory_bound: the attention core (scores, softmax, weighted sum)
   // Exposed communication by kind (sums to comm_exposed).
   double tp = 0, cp = 0, ep = 0, pp = 0, dp = 0, zero = 0;
   double total = 0;
+  int priced_stage = 0;      // the pipeline rank whose time this is (the slowest stage; 0 without pp)
   double model_flops = 0;    // per step, Loom's MFU convention (6N + attention)
   double hardware_flops = 0; // per step, what the GEMMs execute (recompute included)
   std::string bound() const;  // "compute", "memory", "communication" or "bubble"

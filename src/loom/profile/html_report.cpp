@@ -153,7 +153,8 @@ std::string roofline(const StepReport& r) {
 
 }  // namespace
 
-std::string html_report(const StepReport& r, const std::vector<TraceSpan>& spans, const std::string& title) {
+std::string html_report(const StepReport& r, const std::vector<TraceSpan>& spans, const std::string& title,
+                        const std::vector<std::pair<std::string, std::string>>& sections) {
   std::string out = fmt::format(
       "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>loom profile: {0}</title><style>"
       "body{{font-family:sans-serif;margin:24px;background:#fff;color:#111}} h1{{font-size:20px}} "
@@ -171,7 +172,9 @@ std::string html_report(const StepReport& r, const std::vector<TraceSpan>& spans
   out += "<h2>One step across ranks (compute above, communication below)</h2>" + timeline(r, spans);
   out += "<h2>Where each rank's step went</h2>" + breakdown_bars(r);
   out += "<h2>Kernels against the roofline</h2>" + roofline(r);
-  out += "<h2>The report</h2><pre>" + escape(format_report(r)) + "</pre></body></html>\n";
+  out += "<h2>The report</h2><pre>" + escape(format_report(r)) + "</pre>";
+  for (const auto& [heading, text] : sections) out += "<h2>" + escape(heading) + "</h2><pre>" + escape(text) + "</pre>";
+  out += "</body></html>\n";
   return out;
 }
 

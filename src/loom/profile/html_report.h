@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/profile/step_report.h"
@@ -14,6 +15,9 @@ namespace loom::profile {
 
 // spans: the trace the report came from (the timeline shows rank 0's last analysed step and what every
 // rank ran in that window); title names the run.
-std::string html_report(const StepReport& report, const std::vector<TraceSpan>& spans, const std::string& title);
+// `sections`: further (heading, preformatted text) blocks the caller adds after the text report (the
+// planner's prediction beside the measurement).
+std::string html_report(const StepReport& report, const std::vector<TraceSpan>& spans, const std::string& title,
+                        const std::vector<std::pair<std::string, std::string>>& sections = {});
 
 }  // namespace loom::profile

@@ -105,7 +105,7 @@ StepReport build_report(const TraceAnalysis& analysis, const Roofline& roof, con
       all.push_back({"collective algorithm",
                      fmt::format("{:.1f} ms per step of collectives are waited for (largest: {}); overlap them with "
                                  "compute (parallel.bucket_kb, tp_overlap) or pick a faster algorithm",
-                                 ms(r.collectives), largest.empty() ? "?" : largest),
+                                 ms(r.collectives), largest.empty() ? "collective work run inline, no wait traced" : largest),
                      r.collectives});
   }
   if (r.pipeline > 0)

@@ -105,8 +105,9 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
     all_compute.insert(all_compute.end(), u_other.begin(), u_other.end());
     const auto u_compute = union_of(all_compute);
     // Collective work no compute ran beside (an op run inline on the training thread, or the progress
-    // thread's while the training thread did nothing else) is exposed like a wait.
-    for (const Interval& i : subtract(union_of(work), u_compute)) comm.push_back(i);
+    // thread's while the training thread did nothing else) is exposed like a wait -- except while the
+    // training thread waits on a pipeline transfer: that work is the transfer, counted as its wait.
+    for (const Interval& i : subtract(subtract(union_of(work), u_compute), u_pipe)) comm.push_back(i);
     const auto u_comm = union_of(comm);
     std::vector<Interval> busy = u_compute;
     busy.insert(busy.end(), u_comm.begin(), u_comm.end());

@@ -1,0 +1,86 @@
+// The planner's `--engine loom` memory-bound class is priced from the bytes Loom's own element-wise
+// kernels move (plan/engine_stream_bytes.h). Those bytes must be the ones the kernels declare in their
+// trace spans: traced tiny runs (GPT-2 and Llama style, fp32 and bf16, one rank and tensor parallelism
+// with and without SP and overlap, replicated KV heads) are read back and every kernel that is neither
+// a GEMM nor attention is summed per step and rank, and compared with the model.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "../cli/cli_runner.h"
+#include "loom/plan/engine_stream_bytes.h"
+#include "loom/spec/param_table.h"
+#include "loom/spec/transformer_config.h"
+
+namespace loom::test {
+namespace {
+
+struct Case {
+  const char* preset;
+  const char* precision;
+  int tp = 1;
+  bool sp = false, overlap = true;
+  int kv_heads = 0;  // 0: the preset's
+};
+
+TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
+  const Case cases[] = {
+      {"tiny", "bf16"},
+      {"tiny", "fp32"},
+      {"tiny-llama", "bf16"},
+      {"tiny", "bf16", 2, false, true},
+      {"tiny", "bf16", 2, false, false},
+      {"tiny", "fp32", 2, true},
+      {"tiny-llama", "bf16", 2, true},
+      {"tiny-llama", "bf16", 4, false, true, 1},
+  };
+  const int64_t seq = 32, batch = 4, micro = 2;
+  for (const Case& c : cases) {
+    auto dir = scratch_dir("engine-bytes");
+    const std::string out = (dir / "out").string();
+    const std::string kv = c.kv_heads ? " --set model.n_kv_heads=" + std::to_string(c.kv_heads) : "";
+    auto r = run_loom("run -n " + std::to_string(c.tp) + " -- loom train --quiet --set model.preset=" + c.preset +
+                      " --set precision=" + c.precision + kv +
+                      " --set data.source=synthetic --set train.steps=4 --set train.eval_every=0"
+                      " --set checkpoint.save_every=0 --set trace.summary=false --set train.seq_len=" +
+                      std::to_string(seq) + " --set train.batch_size=" + std::to_string(batch) +
+                      " --set train.micro_batch_size=" + std::to_string(micro) +
+                      " --set parallel.tp=" + std::to_string(c.tp) + " --set parallel.sequence_parallel=" +
+                      (c.sp ? "true" : "false") + " --set parallel.tp_overlap=" + (c.overlap ? "true" : "false") +
+                      " --set train.out_dir=" + out + " --set trace.file=" + out + "/trace.json");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    r = run_loom("profile report " + out + " --json --peak-flops 1e11 --bandwidth 1e10");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto report = nlohmann::json::parse(r.out);
+    double measured = 0;  // per step and rank
+    std::string names;
+    for (const auto& k : report["kernels"]) {
+      const std::string name = k["name"];
+      if (name.rfind("gemm", 0) == 0 || name.rfind("attention", 0) == 0) continue;
+      measured += k["bytes"].get<double>();
+      names += " " + name;
+    }
+
+    auto model = spec::preset(c.preset);
+    if (c.kv_heads) model.n_kv_heads = c.kv_heads;
+    plan::Layout l;
+    l.tp = c.tp, l.sp = c.sp, l.micro_batch = static_cast<int>(micro);
+    const bool bf16 = std::string(c.precision) == "bf16";
+    const auto b = plan::engine_stream_bytes(model, l, seq, bf16, c.overlap);
+    const double local_params =
+        static_cast<double>(spec::build_param_table(model, spec::TableShard{0, c.tp}).total_numel());
+    const double micro_batches = static_cast<double>(batch / micro);
+    const double predicted = micro_batches * (static_cast<double>(model.n_layers) * b.per_block + b.first_stage +
+                                              b.last_stage) +
+                             local_params * b.per_local_parameter;
+    EXPECT_NEAR(predicted, measured, 0.01 * measured)
+        << c.preset << " " << c.precision << " tp=" << c.tp << " sp=" << c.sp << " overlap=" << c.overlap
+        << " kv_heads=" << model.n_kv_heads << ": predicted " << predicted << " bytes per step, the kernels declare "
+        << measured << " (" << names << " )";
+    std::filesystem::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace loom::test
