@@ -23,6 +23,14 @@ struct TraceBuilder {
     events.push_back({{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", start_ms * 1e3}, {"dur", dur_ms * 1e3},
                       {"pid", rank}, {"tid", 1}, {"args", {{"flops", flops}, {"bytes", bytes}}}});
   }
+  // A span that names its collective (group, sequence number) or peer, as comm::mark_wait and the
+  // progress thread write them.
+  void add_op(const std::string& name, const std::string& cat, int rank, double start_ms, double dur_ms,
+              const std::string& group, int64_t seq) {
+    add(name, cat, rank, start_ms, dur_ms);
+    events.back()["args"]["group"] = group;
+    events.back()["args"]["seq"] = seq;
+  }
   std::vector<TraceSpan> spans() const {
     nlohmann::json j{{"traceEvents", events}};
     return parse_chrome_trace(j.dump(), "test trace");
@@ -92,6 +100,36 @@ TEST(TraceAnalysis, HandWorkedStepBreakdown) {
   EXPECT_NEAR(report.opportunities[2].seconds, 1.875e-3, 1e-12);
   EXPECT_THAT(report.opportunities[2].what, HasSubstr("gelu_fwd at 25%"));
   EXPECT_THAT(format_report(report), HasSubstr("verdict: bound by host overhead: 30% of the step"));
+}
+
+// Waits that name their collective are matched by (group, sequence number), not by name and order: three
+// ranks of group g run the same all-reduces; rank 2 arrives last every time and never waits (its
+// progress thread's work span is all the trace has of it there), ranks 0 and 1 wait 3 and 5 ms. A
+// second group h's wait under the same name on rank 0 alone, with no partner in the trace, is not mixed in.
+TEST(TraceAnalysis, WaitsThatNameTheirCollectiveAreMatchedAcrossRanksExactly) {
+  TraceBuilder t;
+  int64_t seq = 0;
+  for (int s = 0; s < 4; ++s) {
+    const double b = 20.0 * s;
+    ++seq;
+    for (int rank : {0, 1, 2}) {
+      t.add("step", "step", rank, b, 20);
+      t.add("gemm_fwd", "gemm", rank, b, 5, 1e9, 1e6);
+      if (rank < 2) t.add_op("tp_all_reduce_out.wait", "comm", rank, b + 5, rank == 0 ? 3 : 5, "g", seq);
+      t.add_op("all_reduce", "comm_work", rank, b + 9, 1, "g", seq);
+    }
+    t.add_op("tp_all_reduce_out.wait", "comm", 0, b + 12, 2, "h", seq);
+  }
+  const auto a = analyse_trace(t.spans(), 0);
+  ASSERT_EQ(a.stragglers.size(), 1u);
+  EXPECT_EQ(a.stragglers[0].op, "tp_all_reduce_out.wait");
+  EXPECT_EQ(a.stragglers[0].last_rank, 2);
+  EXPECT_NEAR(a.stragglers[0].others_waited, 4e-3, 1e-12);  // (3 + 5) / 2 per step
+  // The spans carry what they name.
+  bool found = false;
+  for (const auto& s : t.spans())
+    found = found || (s.name == "all_reduce" && s.group == "g" && s.seq == 1 && s.peer == -1);
+  EXPECT_TRUE(found);
 }
 
 // Two ranks: rank 1 computes 4 ms longer before the all-reduce, so rank 0 waits 5 ms and rank 1 1 ms:

@@ -25,6 +25,9 @@ struct Work::State {
   bool done = false;
   std::exception_ptr error;
   Algo algo = Algo::kAuto;
+  const char* group = nullptr;  // the group's id (outlives the op)
+  int64_t seq = -1;
+  int peer = -1;
 };
 
 void Work::wait() {
@@ -32,6 +35,20 @@ void Work::wait() {
   std::unique_lock lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
+}
+
+const char* Work::group() const { return state_ ? state_->group : nullptr; }
+int64_t Work::seq() const { return state_ ? state_->seq : -1; }
+int Work::peer() const { return state_ ? state_->peer : -1; }
+
+void mark_wait(const Work& w) {
+  profile::SpanContext& c = profile::span_context();
+  c.group = w.group(), c.seq = w.seq(), c.peer = w.peer();
+}
+
+void mark_wait(const ProcessGroup& g) {
+  profile::SpanContext& c = profile::span_context();
+  c.group = g.id().c_str(), c.seq = -1, c.peer = -1;
 }
 
 bool Work::test() const {
@@ -187,6 +204,9 @@ Work ProcessGroup::submit(std::unique_ptr<Op> op) {
   const int first_peer = op->desc.kind == OpKind::kSendRecvMany ? (op->peer_ops.empty() ? -1 : op->peer_ops.front().peer)
                                                                  : op->peer;
   op->flight = flight_.add(op->desc, first_peer >= 0 ? ranks_[first_peer] : -1, op->tag, op->bytes);
+  op->state->group = id_.c_str();
+  op->state->seq = is_collective(op->desc.kind) ? static_cast<int64_t>(op->desc.seq) : -1;
+  op->state->peer = is_collective(op->desc.kind) || first_peer < 0 ? -1 : ranks_[first_peer];
   // Latency: a small op with nothing ahead of it runs here instead of paying a thread hand-off.
   if (queue_.empty() && !busy_ && op->bytes <= tuning_.inline_max_bytes) {
     busy_ = true;
@@ -264,6 +284,7 @@ void ProcessGroup::execute(Op& op) {
     const profile::SpanContext saved = where;
     where.group = id_.c_str();
     where.seq = is_collective(op.desc.kind) ? static_cast<int64_t>(op.desc.seq) : -1;
+    where.peer = op.state->peer;
     where.algorithm = nullptr;
     {
       profile::Span span(tracer_.load(), op_name(op.desc.kind), profile::Category::CommWork, 0,

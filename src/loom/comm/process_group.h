@@ -25,6 +25,7 @@
 namespace loom::comm {
 
 class Store;
+class ProcessGroup;
 struct GroupContext;  // job-wide: store, options, node map (world.cpp)
 
 // Handle of one issued op. wait() rethrows the op's error (CommError / CommTimeoutError).
@@ -36,10 +37,33 @@ class Work {
   void wait();
   bool test() const;  // finished (successfully or not)?
   Algo algorithm() const;  // what ran (after completion)
+  // The op's group id, its sequence number there (collectives; -1 otherwise) and its first peer's
+  // global rank (point to point; -1 otherwise). nullptr / -1 for an empty handle.
+  const char* group() const;
+  int64_t seq() const;
+  int peer() const;
 
  private:
   std::shared_ptr<State> state_;
 };
+
+// Marks the spans this thread records next (the training thread's wait for `w`) with the op's group,
+// sequence number and peer, as the progress thread marks the op's own span: the report then matches a
+// wait to its collective across ranks. Restore the context after the span is recorded (a
+// profile::ScopedSpanContext around it).
+void mark_wait(const Work& w);
+// The same for a wait on several ops of one group (gradient buckets): the group alone.
+void mark_wait(const ProcessGroup& g);
+// Issues an op (`issue` returns its Work) and waits for it under one Communication span named `name`
+// that names the op: the span starts before the issue, since a small op runs inline there.
+template <class Issue>
+void issue_and_wait(profile::Tracer* tracer, const char* name, double bytes, Issue&& issue) {
+  const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);  // the mark ends after the span
+  profile::Span span(tracer, name, profile::Category::Communication, 0, bytes);
+  Work w = issue();
+  mark_wait(w);
+  w.wait();
+}
 
 // Memory in the group's shared arena: collectives on it read peers' copies in place. Counted as
 // communication buffers by the allocator given at group creation. Must not outlive its group.

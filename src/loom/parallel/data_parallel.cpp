@@ -52,6 +52,8 @@ class Ddp final : public DataParallel {
     if (reduce_) buckets_->ready_from(unit >= 0 ? block_starts_[static_cast<size_t>(unit)] : 0);
   }
   void finish_gradients() override {
+    const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);
+    comm::mark_wait(dp_);
     profile::Span span(tracer_, "dp_all_reduce_wait", profile::Category::Communication, 0,
                        static_cast<double>(total_) * 4);
     const auto w0 = std::chrono::steady_clock::now();

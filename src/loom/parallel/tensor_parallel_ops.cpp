@@ -32,6 +32,8 @@ void TensorParallelOps::wait(Pending& p) {
   wait_seconds_ += 1e-9 * static_cast<double>(w1 - w0);
   in_flight_seconds_ += 1e-9 * static_cast<double>(w1 - p.issued_ns);
   if (Tracer* t = be_.tracer(); t && t->on()) {
+    const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);
+    comm::mark_wait(p.work);
     t->record(p.wait_name, profile::Category::Communication, w0, w1, 0, p.bytes);
     t->record(p.name, profile::Category::InFlight, p.issued_ns, w1, 0, p.bytes);
   }

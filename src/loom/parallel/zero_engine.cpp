@@ -254,6 +254,8 @@ void ZeroEngine::wait(comm::Work& w, const char* what) {
     w.wait();      // rethrows a failure
     return;
   }
+  const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);
+  comm::mark_wait(w);
   profile::Span span(tracer_, what, profile::Category::Communication);
   const auto t0 = std::chrono::steady_clock::now();
   w.wait();

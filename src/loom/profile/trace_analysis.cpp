@@ -60,8 +60,16 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
   TraceAnalysis out;
   std::map<std::string, KernelClass> kernels, wait_classes, host_classes;
   double rank_steps = 0;  // analysed steps summed over ranks
-  // Per collective name, per rank: the durations of its waits in the analysed steps, in order.
+  // Per collective name, per rank: the durations of its waits in the analysed steps, in order (waits
+  // that do not name their collective: traces of older builds).
   std::map<std::string, std::map<int, std::vector<double>>> waits;
+  // Waits that name their collective (group, sequence number): per collective, each rank that ran it
+  // (its progress thread's span) and how long that rank's training thread waited for it.
+  struct Collective {
+    std::string wait_name;
+    std::map<int, double> waited;
+  };
+  std::map<std::pair<std::string, int64_t>, Collective> collectives;
   for (auto& [rank, list] : by_rank) {
     const auto windows = step_windows(list, skip_steps);
     if (windows.empty()) continue;
@@ -96,8 +104,16 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
       }
       if (s->category == Category::Communication && !is_pipeline_wait(s->name)) {
         r.comm_sum += s->duration_s;
-        waits[s->name][rank].push_back(s->duration_s);
+        if (!s->group.empty() && s->seq >= 0) {
+          auto& c = collectives[{s->group, s->seq}];
+          c.wait_name = s->name;
+          c.waited[rank] += s->duration_s;
+        } else {
+          waits[s->name][rank].push_back(s->duration_s);
+        }
       }
+      if (s->category == Category::CommWork && !s->group.empty() && s->seq >= 0)
+        collectives[{s->group, s->seq}].waited.try_emplace(rank, 0.0);
     }
     const auto u_gemm = union_of(gemm), u_other = union_of(other), u_pipe = union_of(pipe), u_flight = union_of(flight),
                u_host = union_of(host);
@@ -182,6 +198,31 @@ TraceAnalysis analyse_trace(const std::vector<TraceSpan>& spans, int skip_steps)
     int most = -1;
     for (auto& [rank, c] : last_count)
       if (c > most) most = c, w.last_rank = rank;
+    out.stragglers.push_back(w);
+  }
+  // Collectives named exactly: a rank that ran the op without waiting for it (no wait span) arrived last.
+  struct Late {
+    std::map<int, int> last_count;
+    double excess = 0;  // summed over collectives, per other rank
+  };
+  std::map<std::string, Late> late;
+  for (const auto& [key, c] : collectives) {
+    if (c.wait_name.empty() || c.waited.size() < 2) continue;
+    int last = -1;
+    double least = 0;
+    for (const auto& [rank, d] : c.waited)
+      if (last < 0 || d < least) last = rank, least = d;
+    double excess = 0;
+    for (const auto& [rank, d] : c.waited) excess += d - least;
+    auto& l = late[c.wait_name];
+    ++l.last_count[last];
+    l.excess += excess / static_cast<double>(c.waited.size() - 1);
+  }
+  for (const auto& [op, l] : late) {
+    StragglerWait w{op, 0, l.excess / steps};
+    int most = -1;
+    for (const auto& [rank, n] : l.last_count)
+      if (n > most) most = n, w.last_rank = rank;
     out.stragglers.push_back(w);
   }
   std::sort(out.stragglers.begin(), out.stragglers.end(),

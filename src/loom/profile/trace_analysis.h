@@ -42,9 +42,10 @@ struct KernelClass {
   double calls = 0, seconds = 0, flops = 0, bytes = 0;
 };
 
-// A collective some rank made the others wait for: across the analysed steps, the k-th wait of `op` on
-// every rank is one collective; the rank that waited least arrived last, and every other rank waited
-// the difference. `last_rank` is the rank that arrived last most often; `others_waited` the others' mean
+// A collective some rank made the others wait for. A wait names its collective (group and sequence
+// number, comm::mark_wait); every rank whose progress thread ran it took part, a rank with no wait for it
+// waited 0. (Traces whose waits name no collective: the k-th wait of `op` on every rank is one.) The
+// rank that waited least arrived last, and every other rank waited the difference. `last_rank` is the rank that arrived last most often; `others_waited` the others' mean
 // excess wait per step and per rank (seconds).
 struct StragglerWait {
   std::string op;

@@ -46,6 +46,9 @@ std::vector<TraceSpan> parse_chrome_trace(const std::string& text, const std::st
         s.unit = e["args"].value("unit", SpanContext::kNoUnit);
         s.micro_batch = e["args"].value("micro_batch", -1);
         s.pass = e["args"].value("pass", std::string());
+        s.group = e["args"].value("group", std::string());
+        s.seq = e["args"].value("seq", int64_t{-1});
+        s.peer = e["args"].value("peer", -1);
       }
     } catch (const nlohmann::json::exception& ex) {
       throw IoError("'" + what + "': event " + std::to_string(i) + " is malformed (" + ex.what() + ")");

@@ -20,6 +20,9 @@ struct TraceSpan {
   int unit = SpanContext::kNoUnit;  // where in the model and the step it ran (tracer.h), when recorded
   int micro_batch = -1;
   std::string pass;
+  std::string group;  // collective and transfer spans: the process group, the op's sequence number in it
+  int64_t seq = -1;   // (collectives), the peer's global rank (point to point)
+  int peer = -1;
   double end_s() const { return start_s + duration_s; }
 };
 

@@ -85,6 +85,7 @@ std::string Tracer::chrome_events_json(int64_t origin_ns, int64_t clock_offset_n
     if (e.context.group) where += fmt::format(",\"group\":\"{}\"", e.context.group);
     if (e.context.seq >= 0) where += fmt::format(",\"seq\":{}", e.context.seq);
     if (e.context.algorithm) where += fmt::format(",\"algorithm\":\"{}\"", e.context.algorithm);
+    if (e.context.peer >= 0) where += fmt::format(",\"peer\":{}", e.context.peer);
     out += fmt::format(
         ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{},"
         "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}{}}}}}",

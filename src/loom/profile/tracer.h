@@ -32,9 +32,12 @@ struct SpanContext {
   const char* pass = nullptr;  // a string literal
   // A collective's spans (CommWork): its group, sequence number in it and algorithm (strings that
   // outlive the trace: the group's id, a static name).
+  // The training thread's waits carry the same group and sequence number (comm::mark_wait), so a wait
+  // and the work it waited for are one collective across ranks; point-to-point spans name their peer.
   const char* group = nullptr;
   int64_t seq = -1;
   const char* algorithm = nullptr;
+  int peer = -1;  // global rank
 };
 SpanContext& span_context();  // this thread's
 

@@ -116,10 +116,19 @@ double PipelineExecutor::run(const std::vector<spec::PipelineAction>& actions, c
   auto post = [&](std::span<const comm::ProcessGroup::PeerOp> ops) {
     double bytes = 0;  // sent and received, as the span's traffic
     for (const auto& op : ops) bytes += static_cast<double>(op.count * dtype_size(op.dtype));
-    timed("pp_transfer_post", bytes, [&] { pending = pp_.send_recv_many(ops); });
+    // The spans name the exchange's group and first peer (comm::mark_wait), restored after them.
+    const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);
+    timed("pp_transfer_post", bytes, [&] {
+      pending = pp_.send_recv_many(ops);
+      comm::mark_wait(pending);
+    });
   };
   auto wait = [&] {
-    timed("pp_transfer_wait", 0, [&] { pending.wait(); });
+    {
+      const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);
+      comm::mark_wait(pending);
+      timed("pp_transfer_wait", 0, [&] { pending.wait(); });
+    }
     pending = comm::Work();
     // A bf16 receive lands in the wire buffer: into the residual stream (or its gradient) before use.
     if (arriving_.defined()) {

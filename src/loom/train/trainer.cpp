@@ -113,10 +113,9 @@ StepMetrics Trainer::train_step(int64_t step) {
     const double schedule_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pp_t0).count();
     double idle = schedule_s > 0 ? (pipeline_->wait_seconds() - pp_wait0) / schedule_s : 0.0;
     pipeline_idle.assign(static_cast<size_t>(pp_->size()), 0.0);
-    {
-      profile::Span span(tracer, "pp_idle_gather", profile::Category::Communication);
-      pp_->all_gather(&idle, pipeline_idle.data(), 1, DType::F64).wait();
-    }
+    comm::issue_and_wait(tracer, "pp_idle_gather", 8, [&] {
+      return pp_->all_gather(&idle, pipeline_idle.data(), 1, DType::F64);
+    });
     sum_tied_embedding_grads();
     loss_sum = pp_sum(loss_sum);
     if (!std::isfinite(loss_sum))
@@ -403,21 +402,27 @@ void Trainer::check_pipeline_messages_fit() const {
 }
 
 double Trainer::dp_sum(double v) const {
-  profile::Span span(dp_ ? backend_.tracer() : nullptr, "dp_scalar_sum", profile::Category::Communication);
-  if (dp_) dp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
+  if (dp_)
+    comm::issue_and_wait(backend_.tracer(), "dp_scalar_sum", 8, [&] {
+      return dp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum);
+    });
   return v;
 }
 
 double Trainer::tp_sum(double v) const {
-  profile::Span span(tp_ ? backend_.tracer() : nullptr, "tp_scalar_sum", profile::Category::Communication);
-  if (tp_) tp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
+  if (tp_)
+    comm::issue_and_wait(backend_.tracer(), "tp_scalar_sum", 8, [&] {
+      return tp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum);
+    });
   return v;
 }
 
 double Trainer::pp_sum(double v) const {
   // Scalars summed over the pipeline: where a stage that finished early waits for the others.
-  profile::Span span(pp_ ? backend_.tracer() : nullptr, "pp_scalar_sum", profile::Category::Communication);
-  if (pp_) pp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum).wait();
+  if (pp_)
+    comm::issue_and_wait(backend_.tracer(), "pp_scalar_sum", 8, [&] {
+      return pp_->all_reduce(&v, &v, 1, DType::F64, comm::ReduceOp::kSum);
+    });
   return v;
 }
 
@@ -436,12 +441,11 @@ void Trainer::sum_tied_embedding_grads() {
   const Tensor g = params_->grad(embedding_name());
   Tensor theirs = Tensor::empty({g.numel()}, DType::F32, backend_.allocator(), MemCategory::Workspace);
   const int other = me == 0 ? head : 0;
-  profile::Span span(backend_.tracer(), "pp_tied_embedding_sum", profile::Category::Communication, 0,
-                     2.0 * static_cast<double>(g.nbytes()));
   const comm::ProcessGroup::PeerOp ops[] = {
       {true, g.raw(), static_cast<size_t>(g.numel()), DType::F32, other, kTiedEmbeddingTag},
       {false, theirs.raw(), static_cast<size_t>(g.numel()), DType::F32, other, kTiedEmbeddingTag}};
-  pp_->send_recv_many(ops).wait();
+  comm::issue_and_wait(backend_.tracer(), "pp_tied_embedding_sum", 2.0 * static_cast<double>(g.nbytes()),
+                       [&] { return pp_->send_recv_many(ops); });
   backend_.add(g.reshape({g.numel()}), g.reshape({g.numel()}), theirs);
 }
 
