@@ -25,6 +25,7 @@
 #include "loom/kernels/elementwise.h"
 #include "loom/kernels/gemm.h"
 #include "loom/kernels/peak_probe.h"
+#include "loom/kernels/stream_probe.h"
 #include "loom/plan/calibration.h"
 
 namespace loom::cli {
@@ -154,30 +155,10 @@ double time_elementwise(int64_t floats, int passes) {
   return best;
 }
 
-// STREAM triad a = b + s*c over three arrays of `array_bytes`, parallel over
-// the compute threads, first-touched by the same threads. Best of `passes`;
-// counts 3 arrays per pass (STREAM's convention).
+// STREAM triad at one array size (kernels/stream_probe.h).
 plan::StreamSample time_triad(size_t array_bytes, int passes) {
-  const int64_t n = static_cast<int64_t>(array_bytes / sizeof(double));
-  std::unique_ptr<double[]> a(new double[n]), b(new double[n]),
-      c(new double[n]);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    a[i] = 0, b[i] = 1.0 + i % 7, c[i] = 2.0 - i % 5;
-  double best = 0;
-  for (int p = 0; p < passes + 1; ++p) {
-    const double s = 1.0 + p * 1e-3;
-    const auto t0 = Clock::now();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      a[i] = b[i] + s * c[i];
-    const double t = seconds_since(t0);
-    if (p > 0)
-      best = std::max(best, 3.0 * n * sizeof(double) / t); // pass 0 warms up
-  }
-  if (a[n / 2] == -1)
-    best = 0; // keeps the stores observable
-  return {double(n * sizeof(double)), best};
+  const size_t n = array_bytes / sizeof(double);
+  return {static_cast<double>(n * sizeof(double)), kernels::stream_triad_bandwidth(n * sizeof(double), passes)};
 }
 
 // Loom's collectives between `ranks` ranks of this machine, timed by `loom bench
@@ -318,7 +299,6 @@ int run_calibrate(const CalibrateOptions &o) {
 
 } // namespace
 
-double stream_bandwidth(size_t array_bytes, int passes) { return time_triad(array_bytes, passes).bytes_per_s; }
 
 void register_calibrate(CLI::App &app, Action &action) {
   auto *cmd = app.add_subcommand(

@@ -25,10 +25,6 @@ void register_bench(CLI::App& app, Action& action);       // bench comm
 void register_verify(CLI::App& app, Action& action);      // layout invariance
 void register_profile(CLI::App& app, Action& action);     // profile report
 
-// This machine's streaming memory bandwidth (bytes/s, STREAM triad over three arrays of `array_bytes`,
-// best of `passes`), as `loom calibrate` measures it.
-double stream_bandwidth(size_t array_bytes, int passes);
-
 // A numeric flag's accepted values: finite (CLI::Range lets nan and inf through) and in [lo, hi].
 inline CLI::Validator finite_range(double lo, double hi) {
   auto show = [](double v) {

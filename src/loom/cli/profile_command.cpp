@@ -15,6 +15,7 @@
 #include "loom/cli/run_prediction.h"
 #include "loom/comm/hang_report.h"
 #include "loom/error.h"
+#include "loom/kernels/stream_probe.h"
 #include "loom/plan/hardware.h"
 #include "loom/profile/html_report.h"
 #include "loom/profile/step_report.h"
@@ -106,7 +107,7 @@ int run_report(const ProfileOptions& o) {
     roof.bandwidth = o.bandwidth;
     sources.push_back("--bandwidth");
   } else if (roof.bandwidth <= 0) {
-    roof.bandwidth = stream_bandwidth(size_t{256} << 20, 3) / n_ranks;
+    roof.bandwidth = kernels::stream_triad_bandwidth(size_t{256} << 20, 3) / n_ranks;
     sources.push_back(fmt::format("bandwidth measured now (STREAM triad), shared by {} rank(s)", ranks.size()));
   }
   if (roof.peak_flops <= 0)
