@@ -177,6 +177,29 @@ void BM_cast_f32_to_bf16(benchmark::State& state) {
 }
 BENCHMARK(BM_cast_f32_to_bf16)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// A linear layer's output gradient in bf16 mode (mini's MLP, dY [2048, 1536]): cast to bf16 for the
+// GEMMs and its bias gradient summed, in one pass (`fused`, what the backend runs) or as the two passes
+// it replaced (`separate`). Compare the times; each row's counters are by its own declared cost.
+void BM_dy_cast_and_bias_grad(benchmark::State& state, bool fused) {
+  auto dy = filled(kRows * kFf);
+  std::vector<bf16> lowp(dy.size());
+  std::vector<float> db(kFf);
+  if (fused) {
+    measure(state, kernels::cast_bias_grad_cost(kRows, kFf), DType::F32,
+            [&] { kernels::cast_f32_to_bf16_bias_grad(lowp.data(), db.data(), dy.data(), kRows, kFf); });
+  } else {
+    kernels::KernelCost c = kernels::cast_cost(kRows * kFf);
+    c.flops += kernels::bias_backward_cost(kRows, kFf).flops;
+    c.bytes += kernels::bias_backward_cost(kRows, kFf).bytes;
+    measure(state, c, DType::F32, [&] {
+      kernels::cast_f32_to_bf16(lowp.data(), dy.data(), kRows * kFf);
+      kernels::bias_backward(db.data(), dy.data(), kRows, kFf);
+    });
+  }
+}
+BENCHMARK_CAPTURE(BM_dy_cast_and_bias_grad, fused, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_dy_cast_and_bias_grad, separate, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 // AdamW over mini's 13.9 M parameters, writing the bf16 copy.
 void BM_adamw(benchmark::State& state) {
   const int64_t n = 13'900'000;

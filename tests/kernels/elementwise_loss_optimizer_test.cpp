@@ -180,6 +180,34 @@ TEST_F(ElementwiseTest, BiasBackwardAccumulatesColumnSumsBitwiseLikeReferenceFor
   }
 }
 
+// The fused pass (issue 15 item 2) against the two unfused kernels it replaces: the same bf16 copy
+// bit for bit, and the same bias gradient bit for bit (the same column sums in the same order).
+TEST_F(ElementwiseTest, CastWithBiasGradientIsTheCastAndTheBiasBackwardInOnePass) {
+  struct Shape {
+    int64_t N, OC;
+  };
+  for (auto [N, OC] : {Shape{7, 67}, Shape{301, 67}, Shape{2048, 1152}}) {
+    const Vec dy = normal(N * OC, 0.0f, 3.0f), dbias0 = normal(OC);
+    std::vector<bf16> want_lp(static_cast<size_t>(N * OC));
+    cast_f32_to_bf16(want_lp.data(), dy.data(), N * OC);
+    Vec want_db = dbias0;
+    ref::bias_backward(want_db.data(), dy.data(), N, OC);
+    for (int threads : {1, 2, 3}) {
+      Threads scope(threads);
+      std::vector<bf16> lp(static_cast<size_t>(N * OC), bf16{0x1234});
+      Vec db = dbias0;
+      cast_f32_to_bf16_bias_grad(lp.data(), db.data(), dy.data(), N, OC);
+      EXPECT_EQ(std::memcmp(lp.data(), want_lp.data(), lp.size() * sizeof(bf16)), 0) << "N=" << N << ", " << threads;
+      EXPECT_TRUE(bitwise_equal(db, want_db)) << "N=" << N << ", " << threads << " threads";
+    }
+  }
+  // One read of dy where there were two: the fused cost is the cast's plus dbias's, not the bias pass's.
+  EXPECT_DOUBLE_EQ(cast_bias_grad_cost(2048, 1152).bytes,
+                   cast_cost(2048 * 1152).bytes + 8.0 * 1152);
+  EXPECT_LT(cast_bias_grad_cost(2048, 1152).bytes,
+            cast_cost(2048 * 1152).bytes + bias_backward_cost(2048, 1152).bytes);
+}
+
 // ============================ AdamW ============================
 
 TEST_F(ElementwiseTest, AdamWMatchesFloat64OverThreeStepsAndWritesRoundedBf16Copy) {

@@ -67,7 +67,7 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
     plan::Layout l;
     l.tp = c.tp, l.sp = c.sp, l.micro_batch = static_cast<int>(micro);
     const bool bf16 = std::string(c.precision) == "bf16";
-    const auto b = plan::engine_stream_bytes(model, l, seq, bf16, c.overlap);
+    const auto b = plan::engine_stream_bytes(model, l, seq, bf16);
     const double local_params =
         static_cast<double>(spec::build_param_table(model, spec::TableShard{0, c.tp}).total_numel());
     const double micro_batches = static_cast<double>(batch / micro);

@@ -26,11 +26,17 @@ class Backend {
   virtual void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b,
                               bool accumulate) = 0;
   // dx (+)= dy . w (skipped when dx is null); dw += dy^T . x (skipped when dw is undefined: then x is
-  // not read, only its shape checked); db += column sums of dy (when non-null). dy is f32; when x and w
-  // are bf16 it is rounded to bf16 once for both GEMMs. Calling it twice, input gradient first, lets a
-  // collective on dx run while the weight gradient is computed.
+  // not read, only its shape checked); db += column sums of dy (when non-null). dy is f32, or what
+  // prepare_output_grad returned (then db is null: the bias gradient was taken there). When x and w are
+  // bf16, an f32 dy is rounded to bf16 once for both GEMMs, in the pass that also sums db.
   virtual void linear_backward(const Tensor* dx, bool dx_accumulate, const Tensor& dw, const Tensor* db,
                                const Tensor& dy, const Tensor& x, const Tensor& w) = 0;
+  // For a backward split in two calls (input gradient first, so a collective on dx runs while the
+  // weight gradient is computed): dy in the precision of w's GEMMs, cast once (bf16 weights) with
+  // db += column sums of dy taken in the same pass (when non-null). Pass the result as dy to both
+  // linear_backward calls, with no db. It lives in the backend's scratch until its next cast of an
+  // output gradient (f32 weights: dy itself).
+  virtual Tensor prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) = 0;
 
   virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) = 0;
   virtual void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout,

@@ -65,20 +65,46 @@ void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& 
   gemm(d, x.raw(), w.raw(), y.data<float>(), b ? b->data<float>() : nullptr, alloc_);
 }
 
+Tensor CpuBackend::prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) {
+  expect_f32(dy, "prepare_output_grad", "dy");
+  expect(cols(dy) == w.dim(0) && (!db || db->numel() == w.dim(0)),
+         "prepare_output_grad: dy " + sh(dy) + " does not fit w " + sh(w));
+  const int64_t N = rows(dy), OC = cols(dy);
+  if (w.dtype() != DType::BF16) {
+    if (db) {
+      auto c = bias_backward_cost(N, OC);
+      Span span(tracer_, "bias_bwd", Category::Kernel, c.flops, c.bytes);
+      bias_backward(db->data<float>(), dy.data<float>(), N, OC);
+    }
+    return dy;
+  }
+  // The gradient enters both GEMMs in the same precision as the weights and activations; the bias
+  // gradient is summed while dy is read for the cast.
+  bf16* lowp = static_cast<bf16*>(scratch(sizeof(bf16) * dy.numel()));
+  if (db) {
+    auto c = cast_bias_grad_cost(N, OC);
+    Span span(tracer_, "cast_dy_bf16", Category::Kernel, c.flops, c.bytes);
+    cast_f32_to_bf16_bias_grad(lowp, db->data<float>(), dy.data<float>(), N, OC);
+  } else {
+    Span span(tracer_, "cast_dy_bf16", Category::Kernel, 0, cast_cost(dy.numel()).bytes);
+    cast_f32_to_bf16(lowp, dy.data<float>(), dy.numel());
+  }
+  return Tensor::wrap(lowp, dy.shape(), DType::BF16);
+}
+
 void CpuBackend::linear_backward(const Tensor* dx, bool dx_accumulate, const Tensor& dw, const Tensor* db,
                                  const Tensor& dy, const Tensor& x, const Tensor& w) {
-  expect_f32(dy, "linear_backward", "dy");
+  expect(dy.dtype() == DType::F32 || (dy.dtype() == w.dtype() && !db),
+         "linear_backward: dy " + sh(dy) + " must be f32, or in the weights' dtype from prepare_output_grad "
+         "(with the bias gradient taken there)");
   expect(rows(dy) == rows(x) && cols(dy) == w.dim(0) && cols(x) == w.dim(1) && (!dw.defined() || dw.shape() == w.shape()),
          "linear_backward: dy " + sh(dy) + ", x " + sh(x) + ", w " + sh(w) + ", dw " + sh(dw) + " do not fit");
-  const int64_t N = rows(x), OC = w.dim(0), IC = w.dim(1);
-  const void* g = dy.raw();
-  if (w.dtype() == DType::BF16) {
-    // The gradient enters both GEMMs in the same precision as the weights and activations.
-    Span span(tracer_, "cast_dy_bf16", Category::Kernel, 0, cast_cost(dy.numel()).bytes);
-    bf16* lowp = static_cast<bf16*>(scratch(sizeof(bf16) * dy.numel()));
-    cast_f32_to_bf16(lowp, dy.data<float>(), dy.numel());
-    g = lowp;
-  }
+  const int64_t N = rows(x), IC = w.dim(1);
+  // The bias gradient is taken where dy is prepared (with the cast, for bf16 weights).
+  const bool prepared = w.dtype() == DType::BF16 && dy.dtype() == DType::BF16;
+  const Tensor g_tensor = prepared ? dy : prepare_output_grad(dy, db, w);
+  const int64_t OC = w.dim(0);
+  const void* g = g_tensor.raw();
   if (dx) {
     expect_f32(*dx, "linear_backward", "dx");
     expect(dx->numel() == N * IC, "linear_backward: dx " + sh(*dx) + " does not match x " + sh(x));
@@ -92,11 +118,6 @@ void CpuBackend::linear_backward(const Tensor* dx, bool dx_accumulate, const Ten
     auto c = gemm_cost(d);
     Span span(tracer_, "gemm_bwd_weight", Category::Gemm, c.flops, c.bytes);
     gemm(d, g, x.raw(), dw.data<float>(), nullptr, alloc_);
-  }
-  if (db) {
-    auto c = bias_backward_cost(N, OC);
-    Span span(tracer_, "bias_bwd", Category::Kernel, c.flops, c.bytes);
-    bias_backward(db->data<float>(), dy.data<float>(), N, OC);
   }
 }
 

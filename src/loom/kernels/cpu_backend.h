@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   int threads() const { return threads_; }
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, bool accumulate) override;
+  Tensor prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) override;
   void linear_backward(const Tensor* dx, bool dx_accumulate, const Tensor& dw, const Tensor* db, const Tensor& dy,
                        const Tensor& x, const Tensor& w) override;
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) override;

@@ -118,6 +118,22 @@ void cast_f32_to_bf16_range(bf16* __restrict out, const float* __restrict inp, i
   for (int64_t i = i0; i < i1; ++i) out[i].bits = detail::f32_to_bf16_bits(inp[i]);
 }
 
+// Each thread owns a block of columns: it casts them in every row and sums them into its part of
+// dbias, in row order (the same sums as bias_backward_cols, so the result does not change).
+LOOM_TARGET_CLONES
+void cast_bias_grad_cols(bf16* __restrict out, float* __restrict dbias, const float* __restrict dy, int64_t N,
+                         int64_t OC, int64_t c0, int64_t c1) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* __restrict d = dy + n * OC;
+    bf16* __restrict o = out + n * OC;
+#pragma omp simd
+    for (int64_t j = c0; j < c1; ++j) {
+      o[j].bits = detail::f32_to_bf16_bits(d[j]);
+      dbias[j] += d[j];
+    }
+  }
+}
+
 LOOM_TARGET_CLONES
 void cast_bf16_to_f32_range(float* __restrict out, const bf16* __restrict inp, int64_t i0, int64_t i1) {
 #pragma omp simd
@@ -212,6 +228,16 @@ int64_t find_non_finite(const float* x, int64_t n) {
 void cast_f32_to_bf16(bf16* out, const float* inp, int64_t n) {
   parallel_ranges(n, kSerialElements, 32,
                   [&](int64_t i0, int64_t i1, int, int) { cast_f32_to_bf16_range(out, inp, i0, i1); });
+}
+
+void cast_f32_to_bf16_bias_grad(bf16* out, float* dbias, const float* dy, int64_t N, int64_t OC) {
+  parallel_columns(N, OC, [&](int64_t c0, int64_t c1) { cast_bias_grad_cols(out, dbias, dy, N, OC, c0, c1); });
+}
+
+KernelCost cast_bias_grad_cost(int64_t N, int64_t OC) {
+  // One add per element; read dy (4), write its bf16 copy (2); read and write dbias once.
+  const double e = static_cast<double>(N) * static_cast<double>(OC);
+  return {e, 6.0 * e + 8.0 * static_cast<double>(OC)};
 }
 
 void cast_bf16_to_f32(float* out, const bf16* inp, int64_t n) {

@@ -105,6 +105,10 @@ int64_t find_non_finite(const float* x, int64_t n);
 
 // ---- casts ----
 void cast_f32_to_bf16(bf16* out, const float* inp, int64_t n);
+// A linear layer's output gradient dy[N, OC] cast to bf16 for its two GEMMs, with the bias gradient
+// (dbias += column sums of dy, in f32) taken in the same pass: one read of dy instead of two.
+void cast_f32_to_bf16_bias_grad(bf16* out, float* dbias, const float* dy, int64_t N, int64_t OC);
+KernelCost cast_bias_grad_cost(int64_t N, int64_t OC);
 void cast_bf16_to_f32(float* out, const bf16* inp, int64_t n);
 // Rounds f32 values to the nearest bf16 in place (the bf16 fallback on CPUs without bf16 GEMMs).
 void round_to_bf16_inplace(float* x, int64_t n);

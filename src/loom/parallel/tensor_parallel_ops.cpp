@@ -138,22 +138,24 @@ void TensorParallelOps::column_backward(const Tensor* dx, const kernels::LinearW
     Pending gather = issue(tp_.all_gather(x.raw(), whole.raw(), static_cast<size_t>(x.numel()), x.dtype()),
                            "tp_all_gather_x", "tp_all_gather_x.wait", static_cast<double>(whole.nbytes()));
     Tensor dx_whole = dx ? scratch(kDxWhole, {whole.dim(0), whole.dim(1)}, DType::F32) : Tensor();
+    const Tensor g = be_.prepare_output_grad(dy, db, l.w);  // cast once for both halves, with the bias grad
     if (!overlap) wait(gather);
-    if (dx) be_.linear_backward(&dx_whole, false, Tensor(), nullptr, dy, whole, l.w);
+    if (dx) be_.linear_backward(&dx_whole, false, Tensor(), nullptr, g, whole, l.w);
     if (overlap) wait(gather);
     Pending scatter;
     if (dx)
       scatter = issue(tp_.reduce_scatter(dx_whole.raw(), dx->raw(), static_cast<size_t>(dx->numel()), DType::F32),
                       "tp_reduce_scatter_dx", "tp_reduce_scatter_dx.wait", static_cast<double>(dx_whole.nbytes()));
     if (dx && !overlap) wait(scatter);
-    be_.linear_backward(nullptr, false, l.dw, db, dy, whole, l.w);
+    be_.linear_backward(nullptr, false, l.dw, nullptr, g, whole, l.w);
     if (dx && overlap) wait(scatter);
   } else if (dx && overlap) {
     // The input gradient first, summed over the group while the weight gradient is computed.
-    be_.linear_backward(dx, false, Tensor(), nullptr, dy, x, l.w);
+    const Tensor g = be_.prepare_output_grad(dy, db, l.w);
+    be_.linear_backward(dx, false, Tensor(), nullptr, g, x, l.w);
     Pending sum = issue(tp_.all_reduce(dx->raw(), dx->raw(), static_cast<size_t>(dx->numel()), DType::F32),
                         "tp_all_reduce_dx", "tp_all_reduce_dx.wait", static_cast<double>(dx->nbytes()));
-    be_.linear_backward(nullptr, false, l.dw, db, dy, x, l.w);
+    be_.linear_backward(nullptr, false, l.dw, nullptr, g, x, l.w);
     wait(sum);
   } else {
     LayerOps::column_backward(dx, l, dy, x);

@@ -2,8 +2,7 @@
 
 namespace loom::plan {
 
-EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const Layout& l, int64_t seq, bool bf16,
-                                      bool tp_overlap) {
+EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const Layout& l, int64_t seq, bool bf16) {
   const double t = l.tp, n = static_cast<double>(seq) / l.cp * l.micro_batch, h = static_cast<double>(c.d_model);
   const double hd = static_cast<double>(c.head_dim());
   // KV heads that tp does not divide are replicated: each rank then holds one (model/block.h).
@@ -18,8 +17,9 @@ EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const La
   // reads x, dy and dx and writes dx; the gains (and LayerNorm's biases) and their gradients once.
   const double norm = gpt2 ? f32 * (6 * norm_rows * h + 7 * h + 4 * norm_rows)
                            : f32 * (6 * norm_rows * h + 4 * h + 2 * norm_rows);
-  // A bias gradient: reads dY, reads and writes the bias gradient.
-  auto bias_bwd = [&](double width) { return f32 * (n * width + 2 * width); };
+  // A bias gradient reads and writes the bias gradient, and reads dY (in bf16 mode it is summed in the
+  // pass that casts dY, which is counted with the casts).
+  auto bias_bwd = [&](double width) { return f32 * ((bf16 ? 0 : n * width) + 2 * width); };
   EngineStreamBytes b;
   b.per_block = 2 * norm;
   if (gpt2) {
@@ -41,14 +41,10 @@ EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const La
     b.per_block += (4 + 2) * (norm_rows * h + n * q + norm_rows * h + n * F);
     b.per_block += (4 + 2) * n * (q + 2 * kv + h + mlp_out + h);
   }
-  // A column-parallel backward split in two calls (the input gradient, then the weight gradient under
-  // the input gradient's collective: under SP or with tp_overlap) casts its output gradient twice.
-  const bool split = bf16 && l.tp > 1 && (l.sp || tp_overlap);
   if (l.tp > 1) {
     // Row-parallel linears (attention output, MLP out) sum their partial products over the group into a
     // scratch buffer, then add it to the residual stream (read two, write one: 12 bytes an element).
     b.per_block += 2 * 3 * f32 * norm_rows * h;
-    if (split) b.per_block += (4 + 2) * n * (q + 2 * kv + mlp_out);
   }
   // Under SP each rank's norms see only its rows: their gain (and bias) gradients are summed into the
   // whole parameter's (an add of h elements each: read two, write one).
@@ -58,10 +54,9 @@ EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const La
   b.first_stage = 2 * f32 * (3 * n * h + n);
   // Final norm; the fused softmax cross-entropy reads the logits and writes their gradient (the
   // vocabulary-parallel one takes two passes over the logit shard: partial max and sums, then the
-  // gradient after the group's reduction); bf16 casts the head's input and its output gradient (twice
-  // when the vocabulary-parallel head's backward is split).
+  // gradient after the group's reduction); bf16 casts the head's input and its output gradient.
   b.last_stage = norm + norm_grad_sum + 2 * f32 * n * V * (l.tp > 1 ? 2 : 1) + 2 * f32 * n;
-  if (bf16) b.last_stage += (4 + 2) * norm_rows * h + (4 + 2) * n * V * (split ? 2 : 1);
+  if (bf16) b.last_stage += (4 + 2) * norm_rows * h + (4 + 2) * n * V;
   // AdamW (kernels/adamw): reads parameter, gradient, m, v and writes parameter, m, v in f32, and the
   // bf16 copy the GEMMs read (declared in both precisions).
   b.per_local_parameter = 4 * f32 + 3 * f32 + 2;

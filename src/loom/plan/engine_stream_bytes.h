@@ -18,9 +18,7 @@ struct EngineStreamBytes {
 };
 
 // For `cfg` under layout `l` (tp splits the widths, SP the norms' rows) at `seq` tokens, micro-batches
-// of l.micro_batch sequences, in bf16 (true) or fp32 mode; `tp_overlap`: parallel.tp_overlap (with tp,
-// the backward's weight-gradient GEMM runs under the input gradient's collective).
-EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
-                                      bool tp_overlap);
+// of l.micro_batch sequences, in bf16 (true) or fp32 mode.
+EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16);
 
 }  // namespace loom::plan

@@ -191,7 +191,7 @@ StepTime step_time(const Layout& l, const Job& j) {
   // Loom's engine: the bytes its own kernels move (f32 activations, bf16 copies of GEMM operands), not
   // Megatron's fused bf16 kernels.
   const bool engine = j.software.loom_engine;
-  const EngineStreamBytes eb = engine ? engine_stream_bytes(c, l, j.seq, j.precision == "bf16", j.software.tp_overlap) : EngineStreamBytes{};
+  const EngineStreamBytes eb = engine ? engine_stream_bytes(c, l, j.seq, j.precision == "bf16") : EngineStreamBytes{};
   if (engine) mem = eb.per_block / bw, loss = eb.last_stage / bw, embedding = eb.first_stage / bw;
   const double head_flops = 3 * 2 * n * V / l.tp * h;
 
