@@ -388,5 +388,50 @@ TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   EXPECT_THAT(r.err, HasSubstr("parallel.zero_release = \"soon\" is not a release mode (\"lazy\" or \"eager\")"));
 }
 
+// Bad steps (issue 16 item 4): a NaN written into one rank's gradient (test-only hook) makes the whole
+// dp group skip that step -- no update on any replica, logged with the tensor that went bad, counted in
+// the metrics -- and training goes on; past train.max_consecutive_skips skips in a row the run stops
+// with an error naming the step.
+TEST(DataParallelCli, ANonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
+  for (const char* zero : {"0", "1"}) {
+    SCOPED_TRACE(std::string("zero ") + zero);
+    const std::string sets = std::string("--set train.steps=5 --set train.eval_every=0 --set checkpoint.save_every=0 "
+                                         "--set parallel.zero=") + zero;
+    const auto clean = train_dp("skip-clean", 2, sets);
+    auto dir = scratch_dir("skip-nan");
+    auto r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --json "
+                      "--set parallel.dp=2 " + sets + " --check-replicas 1 --set train.out_dir=" + (dir / "out").string() +
+                      " --save-dir " + (dir / "ck").string(),
+                      "LOOM_FAULT_INJECT=nan_grad:1:3");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["skipped_steps"].get<int>(), 1);
+    std::ifstream f(dir / "out" / "metrics.jsonl");
+    std::vector<nlohmann::json> steps;
+    for (std::string line; std::getline(f, line);) steps.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(steps.size(), 5u);
+    for (const auto& s : steps) EXPECT_EQ(s.value("skipped", false), s["step"].get<int>() == 3) << s.dump();
+    EXPECT_THAT(steps[2]["skip_reason"].get<std::string>(), HasSubstr("is non-finite"));
+    EXPECT_THAT(steps[2]["skip_reason"].get<std::string>(), HasSubstr("the gradient of '"));
+    // Steps 1-3 see the same weights as the clean run (step 3's loss is taken before its update); step 4
+    // trains from weights without step 3's update.
+    const auto a = losses(clean / "out"), b = losses(dir / "out");
+    ASSERT_EQ(a.size(), 5u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+    EXPECT_NE(a[3], b[3]);
+    std::filesystem::remove_all(clean);
+    std::filesystem::remove_all(dir);
+  }
+  auto dir = scratch_dir("skip-stop");
+  auto r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --quiet --set parallel.dp=2 "
+                    "--set train.steps=8 --set train.eval_every=0 --set checkpoint.save_every=0 "
+                    "--set train.max_consecutive_skips=2 --set train.out_dir=" + (dir / "out").string() +
+                    " --save-dir " + (dir / "ck").string(),
+                    "LOOM_FAULT_INJECT=nan_grad:0:2:10");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("step 4: the gradient of '"));
+  EXPECT_THAT(r.err, HasSubstr("3 steps in a row were not applied (train.max_consecutive_skips = 2)"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -123,6 +123,7 @@ int run_train(const TrainOptions& o) {
                      {"last_step", sum.last_step},  {"peak_flops", sum.peak_flops},
                      {"peak_bytes", sum.peak_bytes}};
     if (sum.val_loss) j["val_loss"] = *sum.val_loss;
+    j["skipped_steps"] = sum.skipped_steps;
     // A preempted run says so: what stopped it and the step its checkpoint holds.
     j["stopped_by"] = sum.stop_signal != 0 ? nlohmann::json(sum.stopped_by) : nlohmann::json(nullptr);
     if (sum.saved_step > 0) j["saved_step"] = sum.saved_step;

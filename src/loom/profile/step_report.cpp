@@ -94,19 +94,23 @@ StepReport build_report(const TraceAnalysis& analysis, const Roofline& roof, con
         largest = w.name;
         break;
       }
+    // The waits split in two: what the others spent waiting for a straggler (its fix is balance, in
+    // the layout) and the rest (the collectives themselves: overlap, or a faster algorithm).
     const StragglerWait* st = analysis.stragglers.empty() ? nullptr : &analysis.stragglers.front();
-    if (st && st->others_waited > 0.3 * r.collectives)
+    const double late = st && st->others_waited > 0.3 * r.collectives ? std::min(st->others_waited, r.collectives) : 0;
+    if (late > 0)
       all.push_back({"parallel layout",
                      fmt::format("rank {} arrives last at {}: the others wait {:.1f} ms per step for it; balance the "
                                  "work between ranks (data, stages) or find what slows that rank",
                                  st->last_rank, st->op, ms(st->others_waited)),
-                     r.collectives});
-    else
+                     late});
+    if (r.collectives - late > 0)
       all.push_back({"collective algorithm",
-                     fmt::format("{:.1f} ms per step of collectives are waited for (largest: {}); overlap them with "
+                     fmt::format("{:.1f} ms per step of collectives are waited for{} (largest: {}); overlap them with "
                                  "compute (parallel.bucket_kb, tp_overlap) or pick a faster algorithm",
-                                 ms(r.collectives), largest.empty() ? "collective work run inline, no wait traced" : largest),
-                     r.collectives});
+                                 ms(r.collectives - late), late > 0 ? " beyond the straggler's" : "",
+                                 largest.empty() ? "collective work run inline, no wait traced" : largest),
+                     r.collectives - late});
   }
   if (r.pipeline > 0)
     all.push_back({"parallel layout",

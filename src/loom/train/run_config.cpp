@@ -156,6 +156,13 @@ const std::vector<Field>& fields() {
       LOOM_DOUBLE("train.eps", train.eps, ({0, 1, true}), "AdamW epsilon"),
       LOOM_DOUBLE("train.weight_decay", train.weight_decay, ({0, 100}), "decoupled weight decay (matrices only)"),
       LOOM_DOUBLE("train.grad_clip", train.grad_clip, ({0, 1e12}), "max global gradient norm (0: no clipping)"),
+      LOOM_INT("train.max_consecutive_skips", train.max_consecutive_skips, 0, kMaxCount,
+               "steps in a row that may be skipped (non-finite loss or gradient, loss spike) before the run stops "
+               "(0: stop at the first)"),
+      LOOM_DOUBLE("train.loss_spike_zscore", train.loss_spike_zscore, ({0, 1e6}),
+                  "skip a step whose loss is this many standard deviations above the recent mean (0: off)"),
+      LOOM_INT("train.loss_spike_window", train.loss_spike_window, 2, kMaxCount,
+               "applied steps the loss-spike mean and deviation are taken over"),
       LOOM_INT("train.eval_every", train.eval_every, 0, kMaxCount, "steps between validation losses (0: never)"),
       LOOM_INT("train.eval_batches", train.eval_batches, 1, 1048576,
                "batches (of train.batch_size samples) per validation; the same samples under every layout"),

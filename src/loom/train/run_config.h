@@ -32,6 +32,12 @@ struct TrainSection {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;         // max global gradient norm; 0 disables clipping
+  // Bad steps (train/bad_step_guard.h): a non-finite loss or gradient, or a loss spike (z-score over
+  // the last loss_spike_window applied steps above loss_spike_zscore; 0: off), is not applied; more
+  // than max_consecutive_skips of them in a row stop the run (0: the first one does).
+  int64_t max_consecutive_skips = 3;
+  double loss_spike_zscore = 0;
+  int64_t loss_spike_window = 50;
   int64_t eval_every = 50;        // steps between validation losses; 0 disables
   int64_t eval_batches = 4;
   int64_t log_every = 1;

@@ -61,6 +61,11 @@ void MetricsLog::write(const StepMetrics& s) {
                    {"mfu", s.mfu},             {"tokens", s.tokens},
                    {"elapsed_s", s.elapsed_seconds}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
+  if (s.skipped) {
+    j["skipped"] = true;
+    j["skip_reason"] = s.skip_reason;
+  }
+  if (s.skipped_steps > 0) j["skipped_steps"] = s.skipped_steps;
   if (s.exposed_comm_seconds > 0 || s.comm_cpu_seconds > 0) {
     j["exposed_comm_s"] = s.exposed_comm_seconds;
     j["comm_cpu_s"] = s.comm_cpu_seconds;

@@ -218,6 +218,9 @@ SessionSummary Session::run() {
       // The summary describes the last step that ran, also when a signal ends the run after it.
       sum.last_step = s.step;
       sum.final_loss = s.loss;
+      sum.skipped_steps = s.skipped_steps;
+      if (s.skipped)  // always said, whatever train.log_every
+        say(fmt::format("step {}: not applied: {} ({} skipped so far)", s.step, s.skip_reason, s.skipped_steps));
       if (s.val_loss) sum.val_loss = s.val_loss;
       if (o.check_replicas > 0 && s.step % o.check_replicas == 0) trainer.check_replicas(s.step);
       // Checkpoint at the step boundary: periodically, on preemption, and after the last step.
@@ -304,9 +307,11 @@ SessionSummary Session::run() {
     sum.live_bytes_by_category[std::string(mem_category_name(cat))] = alloc.stats(cat).live;
   }
   if (trainer.zero_stage() >= 1) sum.on_demand_resident_bytes = trainer.on_demand_resident_bytes();
-  say(fmt::format("{}: step {} | loss {:.4f}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
+  say(fmt::format("{}: step {} | loss {:.4f}{}{} | median {:.0f} tok/s | MFU {:.1f}% | HFU {:.1f}% | peak memory {:.1f} MiB | log {}",
                   preempted ? "stopped" : "done", sum.last_step, sum.final_loss,
-                  sum.val_loss ? fmt::format(" | val {:.4f}", *sum.val_loss) : "", sum.tokens_per_s, 100 * sum.mfu,
+                  sum.val_loss ? fmt::format(" | val {:.4f}", *sum.val_loss) : "",
+                  sum.skipped_steps > 0 ? fmt::format(" | {} step(s) not applied", sum.skipped_steps) : "",
+                  sum.tokens_per_s, 100 * sum.mfu,
                   100 * sum.hfu, sum.peak_bytes / 1048576.0, log ? log->path() : std::string("(rank 0 writes it)")));
   if (world && !step_s.empty())
     say(fmt::format("communication per step (median, data- and tensor-parallel): exposed {:.1f} ms ({:.1f}% of the "

@@ -43,6 +43,7 @@ struct SessionSummary {
   int stop_signal = 0;            // the signal that stopped it, agreed by every rank (0: it finished)
   std::string stopped_by;         // "SIGTERM", ... ("" when it finished)
   double final_loss = 0;
+  int64_t skipped_steps = 0;      // steps not applied (non-finite, or a loss spike): train/bad_step_guard.h
   std::optional<double> val_loss;
   double tokens_per_s = 0, mfu = 0, hfu = 0;  // medians after the first steps; HFU over the whole run
   double peak_flops = 0;

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "loom/core/checksum.h"
@@ -118,9 +120,6 @@ StepMetrics Trainer::train_step(int64_t step) {
     });
     sum_tied_embedding_grads();
     loss_sum = pp_sum(loss_sum);
-    if (!std::isfinite(loss_sum))
-      throw NumericError("step " + std::to_string(step) + ": the loss is " + std::to_string(loss_sum) +
-                         "; lower train.lr or check the data");
     // Every gradient is final: each unit's reduction goes out, the head's first as in one backward.
     dp.begin_micro_batch(true, true);
     for (int64_t unit = cfg_.model.resolved.n_layers; unit >= -1; --unit) dp.after_backward(unit);
@@ -131,21 +130,38 @@ StepMetrics Trainer::train_step(int64_t step) {
     // Gradients are scaled by the global sample count, so the sum over replicas is the batch gradient;
     // the strategy decides in which micro-batches it reduces.
     dp.begin_micro_batch(true, m == n_micro - 1);
-    double loss = model_->forward(ctx_, tokens_, targets_, grad_scale);
-    if (!std::isfinite(loss))
-      throw NumericError("step " + std::to_string(step) + ": loss is " + std::to_string(loss) + " in micro-batch " +
-                         std::to_string(m) + "; lower train.lr or check the data");
-    loss_sum += loss;
+    // A non-finite loss is judged after the step's losses are summed over the ranks (every rank the
+    // same): its backward runs, and the step is then not applied.
+    loss_sum += model_->forward(ctx_, tokens_, targets_, grad_scale);
     model_->backward(ctx_);
   }
   dp.finish_gradients();
+  inject_non_finite_gradient(step);
   loss_sum = dp_sum(loss_sum);
-  const double norm = gradient_norm();
-  if (!std::isfinite(norm)) check_finite_gradients(step);
-  const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
+  double norm = gradient_norm();
+  // Replicated gradients (DDP): each replica took the norm of its own copy. A copy gone bad after the
+  // reduction would make the replicas judge differently; one more scalar sum makes them agree.
+  if (dp_ && !data_parallel_->gradients_sharded() && dp_sum(std::isfinite(norm) ? 0.0 : 1.0) > 0)
+    norm = std::numeric_limits<double>::quiet_NaN();
   const double lr = schedule_.at(step);
-  optimizer_->step(lr, clip, tracer);
-  if (dp.after_optimizer_step()) params_->refresh_lowp();
+  const double mean_loss = loss_sum / static_cast<double>(n_micro * dp_size_);
+  // A bad step is not applied (no update; the gradients are cleared at the next step's start). The
+  // step still counts: its data is consumed and the schedule moves on.
+  std::string skip_reason;
+  switch (guard_.judge(mean_loss, norm)) {
+    case BadStepGuard::Verdict::Apply: break;
+    case BadStepGuard::Verdict::NonFiniteLoss: skip_reason = fmt::format("the loss is {}", mean_loss); break;
+    case BadStepGuard::Verdict::NonFiniteGradient: skip_reason = non_finite_gradient(); break;
+    case BadStepGuard::Verdict::LossSpike: skip_reason = guard_.spike_detail(mean_loss); break;
+  }
+  if (skip_reason.empty()) {
+    const double clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0;
+    optimizer_->step(lr, clip, tracer);
+    if (dp.after_optimizer_step()) params_->refresh_lowp();
+    guard_.applied(mean_loss);
+  } else {
+    guard_.skipped(step, skip_reason);  // throws past train.max_consecutive_skips
+  }
   // Seconds this thread waited on dp and tp collectives (communication nothing overlapped).
   const double exposed = dp.wait_seconds() - dp_wait0 + par_.tp_wait_seconds() - tp_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -157,7 +173,10 @@ StepMetrics Trainer::train_step(int64_t step) {
   }
   s.step = step;
   s.total_steps = cfg_.train.steps;
-  s.loss = loss_sum / static_cast<double>(n_micro * dp_size_);
+  s.loss = mean_loss;
+  s.skipped = !skip_reason.empty();
+  s.skip_reason = skip_reason;
+  s.skipped_steps = guard_.skipped_total();
   s.lr = lr;
   s.grad_norm = norm;
   s.step_seconds = seconds;
@@ -174,6 +193,23 @@ StepMetrics Trainer::train_step(int64_t step) {
   return s;
 }
 
+void Trainer::inject_non_finite_gradient(int64_t step) {
+  // Test-only fault: LOOM_FAULT_INJECT=nan_grad:DP_RANK:STEP[:COUNT] writes a NaN into the first summed
+  // gradient element this data-parallel rank holds (tensor-parallel rank 0) at steps STEP .. STEP+COUNT-1.
+  static const std::array<long, 3> when = [] {
+    std::array<long, 3> w{-1, -1, 1};
+    const char* f = std::getenv("LOOM_FAULT_INJECT");
+    if (f && std::sscanf(f, "nan_grad:%ld:%ld:%ld", &w[0], &w[1], &w[2]) < 2) w = {-1, -1, 1};
+    return w;
+  }();
+  if (when[0] != dp_rank_ || step < when[1] || step >= when[1] + when[2] || (tp_ && tp_->rank() != 0)) return;
+  for (const auto& r : data_parallel_->gradient_pieces())
+    if (r.size() > 0) {
+      params_->grads().data<float>()[r.begin] = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
+}
+
 void Trainer::load(int64_t first_sample, Split split) {
   profile::Span span(backend_.tracer(), "data_load", profile::Category::Host);
   // Test-only fault: a slow data loader (LOOM_FAULT_INJECT=slow_data:MS), for the profiler's host verdict.
@@ -186,31 +222,39 @@ void Trainer::load(int64_t first_sample, Split split) {
   data_->fill(tokens_, targets_, first_sample, split);
 }
 
-void Trainer::check_finite_gradients(int64_t step) const {
+std::string Trainer::non_finite_gradient() const {
   // Under ZeRO only this rank's pieces hold summed gradients; the rest of the arena is scratch (stale,
   // or shared between blocks), so only the pieces are searched.
   const std::vector<spec::ArenaRange> scan = data_parallel_->gradient_pieces();
   const float* grads = params_->grads().data<float>();
-  for (const auto& p : params_->table().params())
+  const auto& params = params_->table().params();
+  int64_t first = static_cast<int64_t>(params.size()), element = 0;  // the first bad tensor of this rank
+  for (size_t k = 0; k < params.size() && first == static_cast<int64_t>(params.size()); ++k)
     for (const auto& r : scan) {
+      const auto& p = params[k];
       const int64_t begin = std::max(p.offset, r.begin), end = std::min(p.offset + p.numel(), r.end);
       if (begin >= end) continue;
-      const int64_t bad = kernels::find_non_finite(grads + begin, end - begin);
-      if (bad >= 0)
-        throw NumericError("step " + std::to_string(step) + ": gradient of '" + p.name + "' is non-finite (element " +
-                           std::to_string(begin - p.offset + bad) + " = " + std::to_string(grads[begin + bad]) +
-                           "); lower train.lr or set train.grad_clip");
+      if (const int64_t bad = kernels::find_non_finite(grads + begin, end - begin); bad >= 0) {
+        first = static_cast<int64_t>(k), element = begin - p.offset + bad;
+        break;
+      }
     }
-  if (data_parallel_->gradients_sharded())
-    throw NumericError("step " + std::to_string(step) +
-                       ": gradient norm is non-finite; this rank's gradient pieces are finite, so another data-parallel "
-                       "rank's are not (see its error); lower train.lr or set train.grad_clip");
+  // The dp ranks share one table: the lowest bad tensor over the group, named on every rank.
+  int64_t group_first = first;
+  if (dp_) {
+    comm::issue_and_wait(backend_.tracer(), "dp_scalar_min", 8, [&] {
+      return dp_->all_reduce(&group_first, &group_first, 1, DType::I64, comm::ReduceOp::kMin);
+    });
+  }
+  if (group_first < static_cast<int64_t>(params.size()))
+    return fmt::format("the gradient of '{}' is non-finite{}", params[static_cast<size_t>(group_first)].name,
+                       group_first == first ? fmt::format(" (element {} = {})", element,
+                                                          grads[params[static_cast<size_t>(first)].offset + element])
+                                            : std::string(" (on another data-parallel rank)"));
   if (pp_ || tp_)
-    throw NumericError("step " + std::to_string(step) +
-                       ": gradient norm is non-finite; this rank's gradients are finite, so another pipeline stage's or "
-                       "tensor-parallel rank's are not (see its error), or the sum of squares overflowed; lower train.lr "
-                       "or set train.grad_clip");
-  throw NumericError("step " + std::to_string(step) + ": gradient norm is non-finite (overflow in the sum of squares)");
+    return "the gradient norm is non-finite (the gradients of another pipeline stage or tensor-parallel shard, or "
+           "an overflow in the sum of squares)";
+  return "the gradient norm is non-finite (an overflow in the sum of squares)";
 }
 
 double Trainer::evaluate() {

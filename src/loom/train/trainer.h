@@ -14,6 +14,7 @@
 #include "loom/parallel/parallelize.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
+#include "loom/train/bad_step_guard.h"
 #include "loom/train/lr_schedule.h"
 #include "loom/train/pipeline_executor.h"
 #include "loom/train/run_config.h"
@@ -27,6 +28,11 @@ struct StepMetrics {
   double loss = 0;
   std::optional<double> val_loss;
   double lr = 0, grad_norm = 0;
+  // Not applied (train/bad_step_guard.h): no update was made, for skip_reason. skipped_steps counts
+  // this run's skipped steps so far.
+  bool skipped = false;
+  std::string skip_reason;
+  int64_t skipped_steps = 0;
   double step_seconds = 0, tokens_per_s = 0;
   double mfu = 0;  // model FLOPs / s over the device peak; 0 when the peak is unknown
   double elapsed_seconds = 0;
@@ -103,7 +109,10 @@ class Trainer {
   const TokenSource& data() const { return *data_; }
 
  private:
-  void check_finite_gradients(int64_t step) const;
+  // Why the gradient norm is non-finite: the first tensor with a non-finite gradient over the dp group
+  // (collective over it), or that the culprit is on another shard.
+  std::string non_finite_gradient() const;
+  void inject_non_finite_gradient(int64_t step);
 
   // Tensor or pipeline parallelism: the shards of dp rank 0's model-parallel group gathered into whole
   // tensors on its rank 0.
@@ -154,6 +163,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t tokens_seen_ = 0;
   double elapsed_ = 0;
+  BadStepGuard guard_{cfg_.train.max_consecutive_skips, cfg_.train.loss_spike_zscore, cfg_.train.loss_spike_window};
 };
 
 }  // namespace loom::train
