@@ -200,6 +200,22 @@ void BM_dy_cast_and_bias_grad(benchmark::State& state, bool fused) {
 BENCHMARK_CAPTURE(BM_dy_cast_and_bias_grad, fused, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_dy_cast_and_bias_grad, separate, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// The bf16 weight copies after an update, mini's 13.9 M parameters: rounded to nearest (what AdamW writes
+// in its own pass under bf16) or stochastically (bf16-sr's extra pass, one Philox block per 8 elements).
+void BM_weight_copy(benchmark::State& state, bool stochastic) {
+  const int64_t n = 13'900'000;
+  auto p = filled(n);
+  std::vector<bf16> copy(static_cast<size_t>(n));
+  measure(state, kernels::cast_cost(n), DType::F32, [&] {
+    if (stochastic)
+      kernels::cast_f32_to_bf16_stochastic(copy.data(), p.data(), n, {1234, 99, 0});
+    else
+      kernels::cast_f32_to_bf16(copy.data(), p.data(), n);
+  });
+}
+BENCHMARK_CAPTURE(BM_weight_copy, nearest, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_weight_copy, stochastic, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // AdamW over mini's 13.9 M parameters, writing the bf16 copy.
 void BM_adamw(benchmark::State& state) {
   const int64_t n = 13'900'000;

@@ -66,6 +66,23 @@ TEST(Checkpoint, ResumeContinuesBitwiseIdentically) {
   for (auto& d : {whole, split, again}) fs::remove_all(d);
 }
 
+// bf16-sr: a resumed run's bf16 weight copies are the ones the interrupted run's last update wrote
+// (stochastic rounding keyed by the restored update step), so it continues bitwise.
+TEST(Checkpoint, StochasticRoundingResumesBitwise) {
+  auto whole = loom::test::scratch_dir("ck-sr-whole"), again = loom::test::scratch_dir("ck-sr-again");
+  ASSERT_EQ(run_loom(train_args(whole, 6, "--set precision=bf16-sr")).rc, 0);
+  fs::copy(whole / "ck", again / "ck", fs::copy_options::recursive);
+  std::ofstream(again / "ck" / "latest") << "step-00000004\n";
+  auto r = run_loom(train_args(again, 6, "--set precision=bf16-sr --resume"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto a = losses(whole), c = losses(again);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0], a[4]);  // bitwise
+  EXPECT_EQ(c[1], a[5]);
+  for (auto& d : {whole, again}) fs::remove_all(d);
+}
+
 TEST(Checkpoint, AKillAtAnyPhaseOfASaveLeavesThePreviousCheckpointLoadable) {
   std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
   const unsigned seed = rng();

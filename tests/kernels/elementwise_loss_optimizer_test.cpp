@@ -2,6 +2,7 @@
 // reductions, casts and add, and the determinism and declared costs of all fast kernels. Rerun a
 // failure with LOOM_TEST_SEED=<seed>.
 #include "elementwise_test_support.h"
+#include "loom/core/philox.h"
 
 namespace loom::kernels {
 namespace {
@@ -178,6 +179,43 @@ TEST_F(ElementwiseTest, BiasBackwardAccumulatesColumnSumsBitwiseLikeReferenceFor
       EXPECT_TRUE(bitwise_equal(db, ref_db)) << "N=" << N << ", " << threads << " threads";
     }
   }
+}
+
+// Stochastic rounding keyed by the global element: each element is the scalar f32_to_bf16_stochastic
+// with its Philox lane, so a run cut anywhere (a shard, a thread's chunk) rounds alike; and it is
+// unbiased: the mean of many roundings of x is x, where round-to-nearest is off by up to half an ulp.
+TEST_F(ElementwiseTest, StochasticCastIsKeyedByTheGlobalElementAndUnbiased) {
+  const int64_t n = 100003;
+  const Vec x = normal(n, 0.0f, 3.0f);
+  const StochasticRounding sr{0x1234, 0x5678, 1000};
+  std::vector<bf16> whole(static_cast<size_t>(n)), parts(static_cast<size_t>(n));
+  for (int threads : {1, 3}) {
+    Threads scope(threads);
+    cast_f32_to_bf16_stochastic(whole.data(), x.data(), n, sr);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t g = static_cast<uint64_t>(sr.first + i);
+      const auto block = Philox::block(sr.key, sr.stream, g / 8);
+      wrong += whole[i].bits != f32_to_bf16_stochastic(x[i], block[(g % 8) / 2] >> (16 * (g % 2))).bits;
+    }
+    EXPECT_EQ(wrong, 0) << threads << " threads";
+  }
+  const int64_t cut = 12347;  // not a multiple of 8
+  cast_f32_to_bf16_stochastic(parts.data(), x.data(), cut, sr);
+  cast_f32_to_bf16_stochastic(parts.data() + cut, x.data() + cut, n - cut, {sr.key, sr.stream, sr.first + cut});
+  EXPECT_EQ(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(bf16)), 0);
+
+  // 1 + 2^-10 lies an eighth of the way from 1 to the next bf16, 1 + 2^-7: nearest-even gives 1.
+  const float v = 1.0f + 1.0f / 1024.0f;
+  const int64_t m = 1 << 16;
+  Vec same(static_cast<size_t>(m), v);
+  std::vector<bf16> r(static_cast<size_t>(m));
+  cast_f32_to_bf16_stochastic(r.data(), same.data(), m, {99, 7, 0});
+  double mean = 0;
+  for (const bf16 b : r) mean += bf16_to_f32(b);
+  mean /= static_cast<double>(m);
+  EXPECT_NEAR(mean, v, 4e-5) << "unbiased (nearest-even gives " << bf16_to_f32(f32_to_bf16(v)) << ")";
+  EXPECT_NE(bf16_to_f32(f32_to_bf16(v)), v);
 }
 
 // The fused pass (issue 15 item 2) against the two unfused kernels it replaces: the same bf16 copy

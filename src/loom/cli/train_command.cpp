@@ -116,7 +116,7 @@ int run_train(const TrainOptions& o) {
   const train::SessionSummary sum = train::Session(cfg, so, out).run();
   if (o.json && sum.lead && !sum.already_complete) {
     nlohmann::json j{{"framework", "loom"},         {"preset", cfg.model.preset},
-                     {"precision", model::precision_name(cfg.precision)},
+                     {"precision", cfg.precision_label()},
                      {"threads", sum.threads},      {"tokens_per_s", sum.tokens_per_s},
                      {"mfu", sum.mfu},              {"hfu", sum.hfu},
                      {"final_loss", sum.final_loss}, {"steps", cfg.train.steps},

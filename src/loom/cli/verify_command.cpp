@@ -137,7 +137,7 @@ int verify(const VerifyArgs& a) {
   const std::string loom = self.empty() ? "loom" : self;
 
   fmt::print("loom verify: {} layouts x {} steps, {} {}, tolerance {:g} (relative loss difference vs the first)\n",
-             layouts.size(), a.steps, cfg.model.preset, model::precision_name(cfg.precision), tol);
+             layouts.size(), a.steps, cfg.model.preset, cfg.precision_label(), tol);
   fmt::print("{:<24} {:>6} {:>12} {:>14} {:>8}  {}\n", "layout", "ranks", "final loss", "max rel diff", "worst at", "");
   std::vector<double> base;
   bool all_pass = true;

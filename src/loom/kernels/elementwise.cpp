@@ -1,9 +1,11 @@
 // Fast embedding, bias gradient, reductions (sum of squares, non-finite search), casts and add.
 // The other element-wise families live in norms.cpp, activations.cpp, rope.cpp, loss.cpp and
 // optimizer_kernels.cpp; the plain references of all of them in elementwise_ref.cpp.
+#include <array>
 #include <cstring>
 #include <vector>
 
+#include "loom/core/philox.h"
 #include "loom/kernels/detail/elementwise_simd.h"
 #include "loom/kernels/elementwise.h"
 
@@ -228,6 +230,18 @@ int64_t find_non_finite(const float* x, int64_t n) {
 void cast_f32_to_bf16(bf16* out, const float* inp, int64_t n) {
   parallel_ranges(n, kSerialElements, 32,
                   [&](int64_t i0, int64_t i1, int, int) { cast_f32_to_bf16_range(out, inp, i0, i1); });
+}
+
+void cast_f32_to_bf16_stochastic(bf16* out, const float* inp, int64_t n, const StochasticRounding& sr) {
+  parallel_ranges(n, kSerialElements, 32, [&](int64_t i0, int64_t i1, int, int) {
+    std::array<uint32_t, 4> block{};
+    for (int64_t i = i0; i < i1; ++i) {
+      const auto g = static_cast<uint64_t>(sr.first + i);
+      if (i == i0 || g % 8 == 0) block = Philox::block(sr.key, sr.stream, g / 8);
+      const uint32_t lane = static_cast<uint32_t>(g % 8);
+      out[i] = f32_to_bf16_stochastic(inp[i], block[lane / 2] >> (16 * (lane % 2)));
+    }
+  });
 }
 
 void cast_f32_to_bf16_bias_grad(bf16* out, float* dbias, const float* dy, int64_t N, int64_t OC) {

@@ -105,6 +105,15 @@ int64_t find_non_finite(const float* x, int64_t n);
 
 // ---- casts ----
 void cast_f32_to_bf16(bf16* out, const float* inp, int64_t n);
+// Stochastic rounding (precision = "bf16-sr"): element i of a run gets the 16 random low bits of
+// Philox(key, stream, (first + i) / 8), 16-bit lane (first + i) % 8, added before truncation, so
+// E[bf16(x)] = x and the bits are a pure function of the element's global index `first + i`: every
+// layout rounds an element alike.
+struct StochasticRounding {
+  uint64_t key = 0, stream = 0;
+  int64_t first = 0;
+};
+void cast_f32_to_bf16_stochastic(bf16* out, const float* inp, int64_t n, const StochasticRounding& sr);
 // A linear layer's output gradient dy[N, OC] cast to bf16 for its two GEMMs, with the bias gradient
 // (dbias += column sums of dy, in f32) taken in the same pass: one read of dy instead of two.
 void cast_f32_to_bf16_bias_grad(bf16* out, float* dbias, const float* dy, int64_t N, int64_t OC);

@@ -107,12 +107,43 @@ void ParameterStore::initialize(uint64_t seed, std::span<const spec::ArenaRange>
 
 void ParameterStore::refresh_lowp(std::span<const spec::ArenaRange> only) {
   if (precision_ != Precision::BF16) return;
+  if (sr_ && rounding_step_ > 0) {
+    const spec::ArenaRange all{0, master_.numel()};
+    write_lowp(only.empty() ? std::span<const spec::ArenaRange>(&all, 1) : only);
+    return;
+  }
   if (only.empty()) {
     kernels::cast_f32_to_bf16(lowp_.data<bf16>(), master_.data<float>(), master_.numel());
     return;
   }
   for (const auto& r : only)
     kernels::cast_f32_to_bf16(lowp_.data<bf16>() + r.begin, master_.data<float>() + r.begin, r.size());
+}
+
+void ParameterStore::write_lowp(std::span<const spec::ArenaRange> ranges) {
+  if (precision_ != Precision::BF16) return;
+  bf16* lp = lowp_.data<bf16>();
+  const float* m = master_.data<float>();
+  if (!sr_ || rounding_step_ <= 0) {
+    for (const auto& r : ranges)
+      if (r.size() > 0) kernels::cast_f32_to_bf16(lp + r.begin, m + r.begin, r.size());
+    return;
+  }
+  // The key mixes the seed with the update step; the stream names the parameter (apart from
+  // initialisation's stream of the same name).
+  const uint64_t key = sr_seed_ ^ (static_cast<uint64_t>(rounding_step_) * 0x9E3779B97F4A7C15ull);
+  for (const auto& p : table_.params())
+    for (const auto& r : ranges) {
+      const int64_t a = std::max(p.offset, r.begin), b = std::min(p.offset + p.numel(), r.end);
+      if (a >= b) continue;
+      const uint64_t stream = stream_of(p.name) ^ 0x5354'4f43'4841'5354ull;  // "STOCHAST"
+      table_.for_each_global_run(p, a - p.offset, b - p.offset, [&](int64_t local, int64_t global, int64_t n) {
+        if (global < 0)  // padding: no global element to key
+          kernels::cast_f32_to_bf16(lp + p.offset + local, m + p.offset + local, n);
+        else
+          kernels::cast_f32_to_bf16_stochastic(lp + p.offset + local, m + p.offset + local, n, {key, stream, global});
+      });
+    }
 }
 
 void ParameterStore::zero_grads() { grads_.fill_zero(); }

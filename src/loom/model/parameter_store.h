@@ -58,8 +58,18 @@ class ParameterStore {
   // rest stays unbacked); empty means all.
   void initialize(uint64_t seed, std::span<const spec::ArenaRange> only = {});
   // Refreshes the bf16 copies from the masters (the optimizer does this fused with its update);
-  // `only` as for initialize.
+  // `only` as for initialize. Rounds to nearest even, or, once stochastic rounding is on and an update
+  // was made, stochastically under the key of the last update (set_rounding_step): the copy is then
+  // the one the update wrote, on every layout.
   void refresh_lowp(std::span<const spec::ArenaRange> only = {});
+  // precision = "bf16-sr": the bf16 copies of updated weights are rounded stochastically, keyed by
+  // (seed, update step, parameter, global element) -- kernels::StochasticRounding.
+  void use_stochastic_rounding(uint64_t seed) { sr_seed_ = seed, sr_ = true; }
+  bool stochastic_rounding() const { return sr_; }
+  void set_rounding_step(int64_t step) { rounding_step_ = step; }
+  // Writes the bf16 copies of arena ranges `ranges` from the masters, stochastically under the
+  // current rounding step when that is on (what the optimizer calls after its update).
+  void write_lowp(std::span<const spec::ArenaRange> ranges);
   void zero_grads();
 
   // The on-demand arenas' reservations (nullptr where the arena is allocated whole).
@@ -73,6 +83,9 @@ class ParameterStore {
 
   spec::ParamTable table_;
   Precision precision_;
+  bool sr_ = false;
+  uint64_t sr_seed_ = 0;
+  int64_t rounding_step_ = 0;
   Tensor master_, grads_, lowp_;
   std::unique_ptr<PageReservation> master_pages_, lowp_pages_, grad_pages_;
 };

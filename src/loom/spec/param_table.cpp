@@ -84,6 +84,32 @@ int64_t ParamTable::global_element(const ParamSpec& p, int64_t local) const {
   return global;
 }
 
+void ParamTable::for_each_global_run(const ParamSpec& p, int64_t begin, int64_t end,
+                                     const std::function<void(int64_t, int64_t, int64_t)>& f) const {
+  const AxisPlacement& a = p.placement.on(MeshAxis::TP);
+  if (shard_.whole() || !a.is_shard()) {
+    if (begin < end) f(begin, begin, end - begin);
+    return;
+  }
+  // Within a row of the last dimension the global elements are consecutive, except, when the last
+  // dimension is the sharded one, across a piece boundary or into padding.
+  const int nd = static_cast<int>(p.shape.size());
+  const int64_t last = p.shape[static_cast<size_t>(nd - 1)];
+  const bool last_sharded = a.dim == nd - 1;
+  const ShardExtent e = extent_of(a, p.global_shape[static_cast<size_t>(a.dim)], shard_);
+  for (int64_t l = begin; l < end;) {
+    const int64_t i = l % last;
+    int64_t stop = std::min(end, l - i + last);
+    if (last_sharded) {
+      const int64_t piece_start = i / e.piece * e.piece, valid = e.block - e.my_piece * e.piece;
+      const int64_t w = i - piece_start;
+      stop = std::min(stop, l - i + piece_start + (w < valid ? std::min(valid, e.piece) : e.piece));
+    }
+    f(l, global_element(p, l), stop - l);
+    l = stop;
+  }
+}
+
 bool TableShard::holds_block(int64_t b) const {
   if (blocks.empty()) return true;
   for (const auto& [lo, hi] : blocks)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,11 @@ class ParamTable {
   // for padding (a vocabulary that tp does not divide). Initialisation is keyed by it, so a parameter's
   // values are the same numbers under every layout.
   int64_t global_element(const ParamSpec& p, int64_t local) const;
+  // The same for local elements [begin, end) of p, as runs whose global elements are consecutive:
+  // f(local_first, global_first, length) with global_first -1 for a run of padding. What keys
+  // element-wise randomness (stochastic rounding) without a lookup per element.
+  void for_each_global_run(const ParamSpec& p, int64_t begin, int64_t end,
+                           const std::function<void(int64_t, int64_t, int64_t)>& f) const;
   int64_t total_numel() const { return total_; }
   // Parameters excluding token and position embeddings (the LM head counts only when untied).
   int64_t non_embedding_numel() const;

@@ -21,7 +21,10 @@ AdamW::AdamW(model::ParameterStore& params, AdamWConfig cfg, Allocator& alloc, s
 
 void AdamW::step(double lr, double grad_scale, profile::Tracer* tracer) {
   ++step_;
-  const bool lowp = params_.precision() == model::Precision::BF16;
+  // bf16-sr: the update writes the masters only; the bf16 copies follow in a stochastic-rounding pass
+  // keyed by this step (ParameterStore::write_lowp), the same bits on every layout.
+  const bool stochastic = params_.stochastic_rounding();
+  const bool lowp = params_.precision() == model::Precision::BF16 && !stochastic;
   auto cost = kernels::adamw_cost(m_.numel());
   profile::Span span(tracer, "adamw", profile::Category::Kernel, cost.flops, cost.bytes);
   float* p = params_.master().data<float>();
@@ -40,6 +43,12 @@ void AdamW::step(double lr, double grad_scale, profile::Tracer* tracer) {
                             spec.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_,
                             static_cast<float>(grad_scale));
     }
+  }
+  if (stochastic) {
+    params_.set_rounding_step(step_);
+    auto c = kernels::cast_cost(m_.numel());
+    profile::Span sr(tracer, "cast_bf16_stochastic", profile::Category::Kernel, 0, c.bytes);
+    params_.write_lowp(pieces_);
   }
 }
 

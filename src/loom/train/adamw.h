@@ -25,7 +25,10 @@ class AdamW {
   void step(double lr, double grad_scale, profile::Tracer* tracer);
   int64_t steps_taken() const { return step_; }
   // After loading m and v from a checkpoint: the bias corrections continue from `steps`.
-  void restore_steps(int64_t steps) { step_ = steps; }
+  void restore_steps(int64_t steps) {
+    step_ = steps;
+    params_.set_rounding_step(steps);  // bf16-sr: the copies a refresh writes are the last update's
+  }
   // Moments of the pieces laid end to end: piece k starts at local_offset(k).
   const Tensor& m() const { return m_; }
   const Tensor& v() const { return v_; }

@@ -335,8 +335,9 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
   auto& params = trainer.params();
   auto& adam = trainer.optimizer();
   load_tensors(dir, m, params, &adam, trainer.weights_held());
-  trainer.weights_changed();
+  // The update count first: under bf16-sr the refreshed bf16 copies are keyed by it.
   adam.restore_steps(m.optimizer_steps);
+  trainer.weights_changed();
   report.step = m.step;
   trainer.set_start_step(report.step);
   return report;

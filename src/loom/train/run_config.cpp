@@ -139,9 +139,17 @@ const std::vector<Field>& fields() {
       LOOM_DOUBLE("model.rope_theta", model.resolved.rope_theta, ({0, 1e12, true}), "rotary embedding base (llama)"),
       LOOM_BOOL("model.tie_embeddings", model.resolved.tie_embeddings, "LM head shares the token embedding"),
       LOOM_DOUBLE("model.init_std", model.resolved.init_std, ({0, 10, true}), "standard deviation of the normal initialisation"),
-      Field{"precision", "string", "\"fp32\" or \"bf16\" (bf16 GEMMs, f32 accumulation and master weights)",
-            [](RunConfig& c, const toml::node& n) { c.precision = model::parse_precision(as_string(n, "precision")); },
-            [](const RunConfig& c) { return quote(model::precision_name(c.precision)); }},
+      Field{"precision", "string",
+            "\"fp32\", \"bf16\" (bf16 GEMMs, f32 accumulation and master weights) or \"bf16-sr\" (bf16 whose "
+            "weight copies are rounded stochastically after each update)",
+            [](RunConfig& c, const toml::node& n) {
+              const std::string v = as_string(n, "precision");
+              if (v != "fp32" && v != "f32" && v != "bf16" && v != "bf16-sr")
+                throw ConfigError("precision = '" + v + "' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\")");
+              c.stochastic_rounding = v == "bf16-sr";
+              c.precision = model::parse_precision(c.stochastic_rounding ? "bf16" : v);
+            },
+            [](const RunConfig& c) { return quote(c.precision_label()); }},
       LOOM_INT("train.seed", train.seed, 0, 9.2233720368547748e18, "seed of initialisation and data order"),
       LOOM_INT("train.steps", train.steps, 1, kMaxCount, "optimizer steps to run"),
       LOOM_INT("train.batch_size", train.batch_size, 1, kMaxWidth, "global batch in sequences per step"),

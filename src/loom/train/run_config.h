@@ -78,6 +78,12 @@ struct RunConfig {
   ModelSection model;
   TrainSection train;
   model::Precision precision = model::Precision::FP32;
+  // precision = "bf16-sr": bf16 (precision BF16) with the weights' bf16 copies rounded stochastically
+  // after each update (model::ParameterStore::use_stochastic_rounding).
+  bool stochastic_rounding = false;
+  std::string precision_label() const {
+    return stochastic_rounding ? "bf16-sr" : model::precision_name(precision);
+  }
   DataSection data;
   CheckpointSection checkpoint;
   TraceSection trace;

@@ -22,7 +22,7 @@ void write_run_manifest(const std::string& out_dir, const RunConfig& cfg, const 
   j["threads"] = id.threads;
   j["peak_flops"] = id.peak_flops;
   j["peak_source"] = id.peak_source;
-  j["precision"] = model::precision_name(cfg.precision);
+  j["precision"] = cfg.precision_label();
   j["model_flops_per_token"] = spec::model_flops_per_token(cfg.model.resolved, cfg.seq_len());
   j["started_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();

@@ -132,7 +132,7 @@ SessionSummary Session::run() {
                       "the run");
   say(fmt::format("model {} ({}): {:.2f} M parameters, L={} C={} H={} KV={} V={} | {} | batch {} x {} tokens (micro {})",
                   cfg.model.preset, spec::arch_name(m.arch), table.total_numel() * 1e-6, m.n_layers, m.d_model,
-                  m.n_heads, m.n_kv_heads, m.vocab_size, model::precision_name(cfg.precision), cfg.train.batch_size,
+                  m.n_heads, m.n_kv_heads, m.vocab_size, cfg.precision_label(), cfg.train.batch_size,
                   cfg.seq_len(), cfg.micro_batch()));
   const DType peak_type = cfg.precision == model::Precision::BF16 ? DType::BF16 : DType::F32;
   auto peak = kernels::device_peak_flops(peak_type, o.threads);

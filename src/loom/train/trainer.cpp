@@ -63,6 +63,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   model::ArenaBacking backing{needs.master_on_demand, needs.lowp_on_demand, needs.grads_on_demand,
                               registered_grads_.size() ? registered_grads_.as<float>() : nullptr};
   params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc, backing);
+  if (cfg_.stochastic_rounding) params_->use_stochastic_rounding(cfg_.train.seed);
   params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get());
   optimizer_ = std::make_unique<AdamW>(
