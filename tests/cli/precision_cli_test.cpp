@@ -1,6 +1,6 @@
 // Precision modes end to end (issue 16 item 1): bf16-sr trains, says so, and -- its stochastic
 // rounding keyed by (seed, update step, parameter, global element) -- reproduces the one-rank curve under
-// data parallelism, every ZeRO stage and tensor parallelism with and without SP, GPT-2 and Llama (fewer
+// data parallelism, every ZeRO stage, tensor parallelism with and without SP and a pipeline, GPT-2 and Llama (fewer
 // KV heads than tp), far inside bf16's tolerance; an unknown precision is refused naming the valid ones.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -20,22 +20,24 @@ const std::string kTiny = "--config " LOOM_SOURCE_DIR "/configs/tiny.toml ";
 TEST(PrecisionCli, StochasticRoundingIsTheSameUnderEveryLayout) {
   for (const char* model : {"--set model.preset=tiny", "--set model.preset=tiny-llama --set model.n_kv_heads=1"}) {
     SCOPED_TRACE(model);
-    auto r = run_loom("verify " + kTiny + "--steps 8 " + std::string(model) +
-                      " --set precision=bf16-sr --set train.batch_size=8 --set train.micro_batch_size=2 --tolerance 1e-4 "
-                      "--layouts \"dp=1;dp=2;dp=2,zero=1;dp=2,zero=3;tp=2;tp=2,sp=1;dp=2,tp=2,zero=1\"");
+    auto r =
+        run_loom("verify " + kTiny + "--steps 8 " + std::string(model) +
+                 " --set precision=bf16-sr --set train.batch_size=8 --set train.micro_batch_size=2 --tolerance 1e-4 "
+                 "--layouts \"dp=1;dp=2;dp=2,zero=1;dp=2,zero=3;tp=2;tp=2,sp=1;dp=2,tp=2,zero=1;pp=2\"");
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr(" bf16-sr, tolerance 0.0001"));
     EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
-    EXPECT_EQ(count(r.out, "PASS"), 6) << r.out;
+    EXPECT_EQ(count(r.out, "PASS"), 7) << r.out;
   }
 }
 
 TEST(PrecisionCli, Bf16SrTrainsBesideBf16AndSaysWhichItRan) {
   auto dir = scratch_dir("precision");
   auto run = [&](const std::string& precision) {
-    auto r = run_loom("train " + kTiny + "--quiet --json --set train.steps=12 --set train.eval_every=0 "
-                      "--set checkpoint.save_every=0 --set precision=" + precision + " --set train.out_dir=" +
-                      (dir / precision).string());
+    auto r = run_loom("train " + kTiny +
+                      "--quiet --json --set train.steps=12 --set train.eval_every=0 "
+                      "--set checkpoint.save_every=0 --set precision=" +
+                      precision + " --set train.out_dir=" + (dir / precision).string());
     EXPECT_EQ(r.rc, 0) << r.err;
     return nlohmann::json::parse(r.out);
   };
