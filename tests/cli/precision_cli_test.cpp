@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -47,6 +49,32 @@ TEST(PrecisionCli, Bf16SrTrainsBesideBf16AndSaysWhichItRan) {
   const double a = plain["final_loss"].get<double>(), b = sr["final_loss"].get<double>();
   EXPECT_NE(a, b) << "the copies are rounded differently";
   EXPECT_NEAR(a, b, 1e-2 * a);
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 16 item 5: `loom verify --numerics` trains the config once per precision on the same data and
+// compares each curve with the first, with a bar on the final validation loss, and plots them (SVG).
+TEST(PrecisionCli, VerifyNumericsComparesPrecisionsAndPlotsTheCurves) {
+  auto dir = scratch_dir("numerics");
+  const std::string svg = (dir / "curves.svg").string();
+  auto r = run_loom("verify --numerics " + kTiny + "--steps 6 --set train.eval_every=3 --plot " + svg);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("3 precisions x 6 steps, tiny on 1 rank(s)"));
+  for (const char* p : {"fp32 ", "bf16 ", "bf16-sr "}) EXPECT_THAT(r.out, HasSubstr(p));
+  EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("every precision within the bar"));
+  std::ifstream f(svg);
+  const std::string page((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(count(page, "<polyline"), 3) << "one curve per precision";
+  EXPECT_EQ(count(page, "<circle"), 6) << "validation at steps 3 and 6, per precision";
+  EXPECT_THAT(page, HasSubstr("bf16-sr"));
+  // An impossible bar fails the comparison (and says so); a bad precision fails before any run.
+  r = run_loom("verify --numerics " + kTiny + "--steps 3 --precisions \"fp32;bf16\" --tolerance 1e-12");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("FAIL"));
+  r = run_loom("verify --numerics " + kTiny + "--precisions \"fp32;fp7\"");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("--precisions: 'fp7': precision = 'fp7' is not supported"));
   std::filesystem::remove_all(dir);
 }
 
