@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
-#include "run_metrics.h"
 #include "loom/core/safetensors.h"
+#include "run_metrics.h"
 
 namespace loom::test {
 namespace {
@@ -24,7 +24,8 @@ const std::string kTiny = "--config " LOOM_SOURCE_DIR "/configs/tiny.toml ";
 // 4 blocks, 4 micro-batches of 2 per step: pp 2 and 4, every schedule that runs, uneven stages, tied
 // (GPT-2) and untied (Llama) embeddings, with dp, fp32 and bf16.
 TEST(PipelineCli, VerifyPassesForEveryScheduleOnGpt2AndLlamaInBothPrecisions) {
-  for (const char* model : {"--set model.preset=tiny", "--set model.preset=tiny-llama --set model.tie_embeddings=false"})
+  for (const char* model :
+       {"--set model.preset=tiny", "--set model.preset=tiny-llama --set model.tie_embeddings=false"})
     for (const char* precision : {"fp32", "bf16"}) {
       SCOPED_TRACE(std::string(model) + " " + precision);
       auto r = run_loom("verify " + kTiny + "--steps 5 " + model + " --set precision=" + precision +
@@ -36,20 +37,25 @@ TEST(PipelineCli, VerifyPassesForEveryScheduleOnGpt2AndLlamaInBothPrecisions) {
       EXPECT_EQ(count(r.out, "PASS"), 7) << r.out;
     }
   // pp = 4 under gpipe and interleaved (8 chunks of 8 blocks), GPT-2 in fp32 and Llama in bf16.
-  for (const char* model : {"--set model.preset=tiny --set precision=fp32", "--set model.preset=tiny-llama --set precision=bf16"}) {
+  for (const char* model :
+       {"--set model.preset=tiny --set precision=fp32", "--set model.preset=tiny-llama --set precision=bf16"}) {
     SCOPED_TRACE(model);
-    auto r = run_loom("verify " + kTiny + "--steps 3 " + model + " --set model.n_layers=8 --set train.batch_size=8 "
-                      "--set train.micro_batch_size=2 --layouts \"dp=1;pp=4,schedule=gpipe;pp=4,v=2,schedule=interleaved-1f1b\"");
+    auto r = run_loom(
+        "verify " + kTiny + "--steps 3 " + model +
+        " --set model.n_layers=8 --set train.batch_size=8 "
+        "--set train.micro_batch_size=2 --layouts \"dp=1;pp=4,schedule=gpipe;pp=4,v=2,schedule=interleaved-1f1b\"");
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
     EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
   }
   // An explicit uneven cut (one block on the first stage, three on the second) is a layout key; set for
   // every layout it would reach the reference, which has no pipeline, and is refused.
-  auto r = run_loom("verify " + kTiny + "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
+  auto r = run_loom("verify " + kTiny +
+                    "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
                     "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2,layers=1/3;pp=2,layers=3/1\"");
   EXPECT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_EQ(count(r.out, "PASS"), 2) << r.out;
-  r = run_loom("verify " + kTiny + "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
+  r = run_loom("verify " + kTiny +
+               "--steps 4 --set model.n_layers=4 --set train.batch_size=8 "
                "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2\" --set parallel.pipeline.layers=1,3");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("parallel.pipeline.layers = \"1,3\" cuts a pipeline, which needs parallel.pp > 1"));
@@ -57,11 +63,14 @@ TEST(PipelineCli, VerifyPassesForEveryScheduleOnGpt2AndLlamaInBothPrecisions) {
 
 TEST(PipelineCli, UnevenStagesTrainLikeOneRank) {
   auto one = scratch_dir("pp-uneven-1"), two = scratch_dir("pp-uneven-2");
-  const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 --set train.micro_batch_size=2 "
+  const std::string common = kTiny +
+                             "--quiet --set model.n_layers=4 --set train.batch_size=8 --set train.micro_batch_size=2 "
                              "--set train.steps=4 --set checkpoint.save_every=0 --set train.eval_every=0";
   ASSERT_EQ(run_loom("train " + common + " --set train.out_dir=" + (one / "out").string()).rc, 0);
-  auto r = run_loom("run -n 2 -- loom train " + common + " --set parallel.pp=2 --set parallel.pipeline.layers=1,3 "
-                    "--set train.out_dir=" + (two / "out").string());
+  auto r = run_loom("run -n 2 -- loom train " + common +
+                    " --set parallel.pp=2 --set parallel.pipeline.layers=1,3 "
+                    "--set train.out_dir=" +
+                    (two / "out").string());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_LT(max_rel_diff(losses(one / "out"), losses(two / "out")), 1e-5);
   fs::remove_all(one), fs::remove_all(two);
@@ -70,22 +79,27 @@ TEST(PipelineCli, UnevenStagesTrainLikeOneRank) {
 // Saved at pp=2, resumed at pp=1, 2 and 4: each continues the uninterrupted curve; the checkpoint holds
 // whole tensors and exports.
 TEST(PipelineCli, ACheckpointSavedAtPp2ResumesAtAnyPp) {
-  const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 "
+  const std::string common = kTiny +
+                             "--quiet --set model.n_layers=4 --set train.batch_size=8 "
                              "--set train.micro_batch_size=2 --set train.eval_every=0";
   auto whole = scratch_dir("pp-ck-whole"), half = scratch_dir("pp-ck-half");
   ASSERT_EQ(run_loom("train " + common + " --set train.steps=6 --set checkpoint.save_every=0 --set train.out_dir=" +
-                     (whole / "out").string() + " --save-dir " + (whole / "ck").string()).rc, 0);
-  auto r = run_loom("run -n 2 -- loom train " + common + " --set parallel.pp=2 --set train.steps=3 --save-every 3 "
-                    "--set train.out_dir=" + (half / "out").string() + " --save-dir " + (half / "ck").string());
+                     (whole / "out").string() + " --save-dir " + (whole / "ck").string())
+                .rc,
+            0);
+  auto r = run_loom("run -n 2 -- loom train " + common +
+                    " --set parallel.pp=2 --set train.steps=3 --save-every 3 "
+                    "--set train.out_dir=" +
+                    (half / "out").string() + " --save-dir " + (half / "ck").string());
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto want = losses(whole / "out");
   for (int pp : {1, 2, 4}) {
     SCOPED_TRACE("resumed at pp=" + std::to_string(pp));
     auto dir = scratch_dir("pp-ck-r" + std::to_string(pp));
     fs::copy(half / "ck", dir / "ck", fs::copy_options::recursive);
-    r = run_loom("run -n " + std::to_string(pp) + " -- loom train " + common + " --set train.steps=6 --set parallel.pp=" +
-                 std::to_string(pp) + " --set train.out_dir=" + (dir / "out").string() + " --save-dir " +
-                 (dir / "ck").string() + " --resume");
+    r = run_loom("run -n " + std::to_string(pp) + " -- loom train " + common +
+                 " --set train.steps=6 --set parallel.pp=" + std::to_string(pp) + " --set train.out_dir=" +
+                 (dir / "out").string() + " --save-dir " + (dir / "ck").string() + " --resume");
     ASSERT_EQ(r.rc, 0) << r.err;
     EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 3, want.end()), losses(dir / "out")), 1e-5);
     fs::remove_all(dir);
@@ -96,16 +110,19 @@ TEST(PipelineCli, ACheckpointSavedAtPp2ResumesAtAnyPp) {
 }
 
 TEST(PipelineCli, WhatCannotRunIsRefusedBeforeAnyWork) {
-  auto r = run_loom("run -n 4 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.tp=2 "
+  auto r = run_loom("run -n 4 -- loom train " + kTiny +
+                    "--set parallel.pp=2 --set parallel.tp=2 "
                     "--set parallel.pipeline.schedule=zb-h1");
   EXPECT_THAT(r.err, HasSubstr("\"zb-h1\" with parallel.tp = 2 is not supported yet: the tensor-parallel ops do not "
                                "split their backward"));
-  r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.virtual_stages=2 "
+  r = run_loom("run -n 2 -- loom train " + kTiny +
+               "--set parallel.pp=2 --set parallel.pipeline.virtual_stages=2 "
                "--set train.micro_batch_size=2 --set parallel.pipeline.schedule=interleaved-1f1b");
   EXPECT_THAT(r.err, HasSubstr("model.n_layers = 2 cannot give pp x virtual_stages = 2 x 2 = 4 chunks a block each"));
   r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.layers=1,2");
   EXPECT_THAT(r.err, HasSubstr("parallel.pipeline.layers sums to 3 blocks, but model.n_layers = 2"));
-  r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set model.n_layers=4 --set train.batch_size=6 "
+  r = run_loom("run -n 2 -- loom train " + kTiny +
+               "--set parallel.pp=2 --set model.n_layers=4 --set train.batch_size=6 "
                "--set train.micro_batch_size=2 --set parallel.pipeline.virtual_stages=2 "
                "--set parallel.pipeline.schedule=interleaved-1f1b");
   EXPECT_THAT(r.err, HasSubstr("3 micro-batches per step is not a multiple; use 4 or 2"));
@@ -126,9 +143,11 @@ TEST(PipelineCli, VerifyPassesComposedWithTensorParallelismAndZero1) {
       EXPECT_EQ(r.rc, 0) << r.out << r.err;
       EXPECT_EQ(count(r.out, "PASS"), 3) << r.out;
     }
-  for (const char* model : {"--set model.preset=tiny --set precision=bf16", "--set model.preset=tiny-llama --set precision=fp32"}) {
+  for (const char* model :
+       {"--set model.preset=tiny --set precision=bf16", "--set model.preset=tiny-llama --set precision=fp32"}) {
     SCOPED_TRACE(model);
-    auto r = run_loom("verify " + kTiny + "--steps 3 " + model + " --set model.n_layers=4 --set train.batch_size=8 "
+    auto r = run_loom("verify " + kTiny + "--steps 3 " + model +
+                      " --set model.n_layers=4 --set train.batch_size=8 "
                       "--set train.micro_batch_size=2 --layouts \"dp=1;pp=2,dp=2,tp=2,zero=1\"");
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
     EXPECT_EQ(count(r.out, "PASS"), 1) << r.out;
@@ -144,13 +163,19 @@ TEST(PipelineCli, APipelineTimesTensorParallelCheckpointResumesOnOneRank) {
                              "--set precision=bf16"}) {
     SCOPED_TRACE(layout);
     const std::string precision = std::string(layout).substr(std::string(layout).find("precision"));
-    const std::string common = kTiny + "--quiet --set model.n_layers=4 --set train.batch_size=8 "
-                               "--set train.micro_batch_size=2 --set train.eval_every=0 --set " + precision;
+    const std::string common = kTiny +
+                               "--quiet --set model.n_layers=4 --set train.batch_size=8 "
+                               "--set train.micro_batch_size=2 --set train.eval_every=0 --set " +
+                               precision;
     auto whole = scratch_dir("pptp-ck-whole"), split = scratch_dir("pptp-ck-split");
     ASSERT_EQ(run_loom("train " + common + " --set train.steps=4 --set checkpoint.save_every=0 --set train.out_dir=" +
-                       (whole / "out").string()).rc, 0);
-    auto r = run_loom("run -n 4 -- loom train " + common + " --set parallel.pp=2 " + layout + " --set train.steps=2 "
-                      "--save-every 2 --set train.out_dir=" + (split / "out").string() + " --save-dir " + (split / "ck").string());
+                       (whole / "out").string())
+                  .rc,
+              0);
+    auto r = run_loom("run -n 4 -- loom train " + common + " --set parallel.pp=2 " + layout +
+                      " --set train.steps=2 "
+                      "--save-every 2 --set train.out_dir=" +
+                      (split / "out").string() + " --save-dir " + (split / "ck").string());
     ASSERT_EQ(r.rc, 0) << r.err;
     r = run_loom("train " + common + " --set train.steps=4 --set train.out_dir=" + (split / "out1").string() +
                  " --save-dir " + (split / "ck").string() + " --resume");
@@ -165,15 +190,19 @@ TEST(PipelineCli, APipelineTimesTensorParallelCheckpointResumesOnOneRank) {
 // residual stream rounded at the stage boundary (the curve moves, within bf16's tolerance); f32
 // transfers reproduce one rank's curve.
 TEST(PipelineCli, Bf16RunsSendBf16AcrossStagesUnlessAskedForF32) {
-  const std::string common = kTiny + "--quiet --json --set precision=bf16 --set model.n_layers=4 --set train.batch_size=8 "
+  const std::string common = kTiny +
+                             "--quiet --json --set precision=bf16 --set model.n_layers=4 --set train.batch_size=8 "
                              "--set train.micro_batch_size=2 --set train.steps=4 --set train.eval_every=0 "
                              "--set checkpoint.save_every=0 --set trace.summary=true";
   auto one = scratch_dir("pp-wire-1"), f32 = scratch_dir("pp-wire-f32"), bf = scratch_dir("pp-wire-bf16");
   ASSERT_EQ(run_loom("train " + common + " --set train.out_dir=" + (one / "out").string()).rc, 0);
-  auto r32 = run_loom("run -n 2 -- loom train " + common + " --set parallel.pp=2 --set parallel.pipeline.bf16_transfers=false "
-                      "--set train.out_dir=" + (f32 / "out").string());
+  auto r32 = run_loom("run -n 2 -- loom train " + common +
+                      " --set parallel.pp=2 --set parallel.pipeline.bf16_transfers=false "
+                      "--set train.out_dir=" +
+                      (f32 / "out").string());
   ASSERT_EQ(r32.rc, 0) << r32.err;
-  auto r16 = run_loom("run -n 2 -- loom train " + common + " --set parallel.pp=2 --set train.out_dir=" + (bf / "out").string());
+  auto r16 = run_loom("run -n 2 -- loom train " + common +
+                      " --set parallel.pp=2 --set train.out_dir=" + (bf / "out").string());
   ASSERT_EQ(r16.rc, 0) << r16.err;
   EXPECT_LT(max_rel_diff(losses(one / "out"), losses(f32 / "out")), 1e-6);
   const double moved = max_rel_diff(losses(one / "out"), losses(bf / "out"));
@@ -190,17 +219,21 @@ TEST(PipelineCli, Bf16RunsSendBf16AcrossStagesUnlessAskedForF32) {
 // x 4 B = 2 MiB): GPipe, 1F1B and zb-h1 run; interleaved stages could wait on each other forever, so it is
 // refused before any step, naming the sizes and what to use instead.
 TEST(PipelineCli, TransfersLargerThanAChannelRunOrAreRefused) {
-  const std::string big = kTiny + "--quiet --set model.d_model=512 --set model.d_ff=512 --set model.n_layers=4 "
-                          "--set train.seq_len=64 --set train.batch_size=64 --set train.micro_batch_size=16 "
-                          "--set train.steps=1 --set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.pp=2";
+  const std::string big =
+      kTiny +
+      "--quiet --set model.d_model=512 --set model.d_ff=512 --set model.n_layers=4 "
+      "--set train.seq_len=64 --set train.batch_size=64 --set train.micro_batch_size=16 "
+      "--set train.steps=1 --set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.pp=2";
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
     SCOPED_TRACE(schedule);
     auto r = run_loom("run -n 2 -- loom train " + big + " --set parallel.pipeline.schedule=" + schedule,
                       "LOOM_COMM_TIMEOUT=60");
     EXPECT_EQ(r.rc, 0) << r.err;
   }
-  auto r = run_loom("run -n 2 -- loom train " + big + " --set parallel.pipeline.schedule=interleaved-1f1b "
-                    "--set parallel.pipeline.virtual_stages=2", "LOOM_COMM_TIMEOUT=60");
+  auto r = run_loom("run -n 2 -- loom train " + big +
+                        " --set parallel.pipeline.schedule=interleaved-1f1b "
+                        "--set parallel.pipeline.virtual_stages=2",
+                    "LOOM_COMM_TIMEOUT=60");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("\"interleaved-1f1b\" sends 2.00 MiB per transfer (1024 rows x 512 wide, f32), more "
                                "than the 1.00 MiB a shm pipeline channel takes without its receiver"));
@@ -211,9 +244,11 @@ TEST(PipelineCli, TransfersLargerThanAChannelRunOrAreRefused) {
 // per step in metrics.jsonl and as medians in the summary.
 TEST(PipelineCli, TheBubbleIsMeasuredPerStageBesideTheTheory) {
   auto dir = scratch_dir("pp-bubble");
-  auto r = run_loom("run -n 2 -- loom train " + kTiny + "--json --set model.n_layers=4 --set train.batch_size=8 "
+  auto r = run_loom("run -n 2 -- loom train " + kTiny +
+                    "--json --set model.n_layers=4 --set train.batch_size=8 "
                     "--set train.micro_batch_size=2 --set train.steps=4 --set train.eval_every=0 "
-                    "--set checkpoint.save_every=0 --set parallel.pp=2 --set train.out_dir=" + (dir / "out").string());
+                    "--set checkpoint.save_every=0 --set parallel.pp=2 --set train.out_dir=" +
+                    (dir / "out").string());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("pipeline idle per step (median"));
   EXPECT_THAT(r.err, HasSubstr("1f1b theory 20.0%"));  // (p - 1) / (m + p - 1) = 1 / 5
@@ -231,6 +266,26 @@ TEST(PipelineCli, TheBubbleIsMeasuredPerStageBesideTheTheory) {
     ++rows;
   }
   EXPECT_EQ(rows, 4);
+  fs::remove_all(dir);
+}
+
+// A NaN in a pipeline stage's gradient (test-only hook; both stages' dp rank 0) makes both stages skip
+// the step: the norm is summed over the pipeline, so they decide alike, and training goes on.
+TEST(PipelineCli, ANonFiniteGradientSkipsTheStepOnEveryStage) {
+  auto dir = scratch_dir("pp-skip");
+  auto r = run_loom("run -n 2 -- loom train " + kTiny +
+                        "--json --quiet --set model.n_layers=4 --set train.batch_size=8 "
+                        "--set train.micro_batch_size=2 --set train.steps=4 --set train.eval_every=0 "
+                        "--set checkpoint.save_every=0 --set parallel.pp=2 --set train.out_dir=" +
+                        (dir / "out").string(),
+                    "LOOM_FAULT_INJECT=nan_grad:0:2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["skipped_steps"].get<int>(), 1);
+  std::ifstream log(dir / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const auto m = nlohmann::json::parse(line);
+    EXPECT_EQ(m.value("skipped", false), m["step"].get<int>() == 2) << line;
+  }
   fs::remove_all(dir);
 }
 

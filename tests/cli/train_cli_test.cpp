@@ -24,7 +24,8 @@ auto run(const std::string& args) { return run_loom(args); }
 TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {
   auto dir = scratch("run");
   auto trace = dir / "trace.json";
-  auto r = run("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set train.steps=8 --set train.eval_every=4 --set train.out_dir=" +
+  auto r = run("train --config " LOOM_SOURCE_DIR
+               "/configs/tiny.toml --set train.steps=8 --set train.eval_every=4 --set train.out_dir=" +
                dir.string() + " --trace " + trace.string() + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto summary = nlohmann::json::parse(r.out);
@@ -62,7 +63,8 @@ TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {
 
 TEST(TrainCli, QuietPrintsNothingButTheJsonSummary) {
   auto dir = scratch("quiet");
-  auto r = run("train --set model.preset=tiny --set train.steps=2 --set train.out_dir=" + dir.string() + " --quiet --json");
+  auto r =
+      run("train --set model.preset=tiny --set train.steps=2 --set train.out_dir=" + dir.string() + " --quiet --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_NO_THROW(nlohmann::json::parse(r.out));
@@ -108,8 +110,9 @@ TEST(TrainCli, HelpDocumentsEveryConfigKey) {
 
 TEST(TrainCli, ImpossibleSizesAndBadFlagsAreOneLineErrorsBeforeAnyWork) {
   // Overflowed to a small byte count on main and crashed in ParameterStore::initialize.
-  auto r = run("train --set model.d_model=759249034 --set model.n_heads=1 --set model.n_kv_heads=1 "
-               "--set model.vocab_size=1000 --set train.seq_len=1 -q");
+  auto r =
+      run("train --set model.d_model=759249034 --set model.n_heads=1 --set model.n_kv_heads=1 "
+          "--set model.vocab_size=1000 --set train.seq_len=1 -q");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("loom: error: model.d_model = 759249034 is out of range"), std::string::npos) << r.err;
   // Within every range, but more memory than this machine has: refused with the per-category need.
@@ -130,4 +133,28 @@ TEST(TrainCli, ImpossibleSizesAndBadFlagsAreOneLineErrorsBeforeAnyWork) {
   EXPECT_NE(r.err.find("--temperature: nan is out of range"), std::string::npos) << r.err;
   // Each line above is one line: no stack of messages.
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;  // CLI11 adds "Run with --help"
+}
+
+// A loss spike (z-score over the last applied steps) is not applied when train.loss_spike_zscore is set:
+// with a bar this low, the first rise of the loss over its recent mean is skipped and said so.
+TEST(TrainCli, ALossSpikeIsSkippedWhenAsked) {
+  auto dir = loom::test::scratch_dir("spike");
+  auto r = run_loom("train --config " LOOM_SOURCE_DIR
+                    "/configs/tiny.toml --quiet --json --set train.steps=20 "
+                    "--set train.eval_every=0 --set checkpoint.save_every=0 --set train.loss_spike_zscore=0.01 "
+                    "--set train.loss_spike_window=2 --set train.max_consecutive_skips=100 --set train.out_dir=" +
+                    (dir / "out").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_GT(nlohmann::json::parse(r.out)["skipped_steps"].get<int>(), 0);
+  std::ifstream log(dir / "out" / "metrics.jsonl");
+  int spikes = 0;
+  for (std::string line; std::getline(log, line);) {
+    const auto m = nlohmann::json::parse(line);
+    if (m.value("skipped", false)) {
+      EXPECT_NE(m["skip_reason"].get<std::string>().find("is a spike"), std::string::npos) << line;
+      ++spikes;
+    }
+  }
+  EXPECT_GT(spikes, 0);
+  std::filesystem::remove_all(dir);
 }
