@@ -13,11 +13,15 @@
 
 namespace loom::test {
 
-// The training loss of every step the run logged in `dir`/metrics.jsonl.
+// The training loss of every step the run logged in `dir`/metrics.jsonl (NaN where it was not finite:
+// the log writes null).
 inline std::vector<double> losses(const std::filesystem::path& dir) {
   std::vector<double> out;
   std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out.push_back(j["loss"].is_number() ? j["loss"].get<double>() : std::nan(""));
+  }
   return out;
 }
 

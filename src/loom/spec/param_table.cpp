@@ -91,20 +91,23 @@ void ParamTable::for_each_global_run(const ParamSpec& p, int64_t begin, int64_t 
     if (begin < end) f(begin, begin, end - begin);
     return;
   }
-  // Within a row of the last dimension the global elements are consecutive, except, when the last
-  // dimension is the sharded one, across a piece boundary or into padding.
-  const int nd = static_cast<int>(p.shape.size());
-  const int64_t last = p.shape[static_cast<size_t>(nd - 1)];
-  const bool last_sharded = a.dim == nd - 1;
+  // The dimensions after the sharded one are whole, so the global elements are consecutive while the
+  // index along the sharded dimension stays within one piece (and on one side of its padding) and the
+  // dimensions before it do not change: a run spans whole rows of a dim-0 shard, a piece of each row of
+  // a last-dim shard.
+  const int64_t inner = [&] {
+    int64_t n = 1;
+    for (size_t d = static_cast<size_t>(a.dim) + 1; d < p.shape.size(); ++d) n *= p.shape[d];
+    return n;
+  }();
+  const int64_t along = p.shape[static_cast<size_t>(a.dim)];
   const ShardExtent e = extent_of(a, p.global_shape[static_cast<size_t>(a.dim)], shard_);
+  const int64_t valid = e.block - e.my_piece * e.piece;  // elements of each piece that are not padding
   for (int64_t l = begin; l < end;) {
-    const int64_t i = l % last;
-    int64_t stop = std::min(end, l - i + last);
-    if (last_sharded) {
-      const int64_t piece_start = i / e.piece * e.piece, valid = e.block - e.my_piece * e.piece;
-      const int64_t w = i - piece_start;
-      stop = std::min(stop, l - i + piece_start + (w < valid ? std::min(valid, e.piece) : e.piece));
-    }
+    const int64_t outer_start = l - l % (along * inner);
+    const int64_t i = (l / inner) % along, piece_start = i / e.piece * e.piece, w = i - piece_start;
+    const int64_t end_i = piece_start + (w < valid ? std::min(valid, e.piece) : e.piece);
+    const int64_t stop = std::min(end, outer_start + end_i * inner);
     f(l, global_element(p, l), stop - l);
     l = stop;
   }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/error.h"
@@ -33,8 +34,9 @@ std::string BadStepGuard::spike_detail(double loss) const {
   if (spike_zscore_ <= 0 || recent_.size() < spike_window_) return "";
   double mean = 0, stddev = 0;
   window_stats(mean, stddev);
-  // A window of identical losses has no spread: any rise is then a spike.
-  const double z = stddev > 0 ? (loss - mean) / stddev : (loss > mean ? INFINITY : 0.0);
+  // A window of (nearly) identical losses has next to no spread: the deviation is floored at 0.1% of the
+  // mean, so rounding noise on a plateau is not a spike.
+  const double z = (loss - mean) / std::max(stddev, 1e-3 * std::abs(mean) + 1e-12);
   if (z <= spike_zscore_) return "";
   return fmt::format("the loss {:.4f} is a spike: {:.1f} standard deviations above the mean {:.4f} of the last {} "
                      "applied steps (train.loss_spike_zscore = {})",
