@@ -24,6 +24,7 @@ void register_run(CLI::App& app, Action& action);         // the launcher
 void register_bench(CLI::App& app, Action& action);       // bench comm
 void register_verify(CLI::App& app, Action& action);      // layout invariance
 void register_profile(CLI::App& app, Action& action);     // profile report
+void register_ckpt(CLI::App& app, Action& action);        // ckpt inspect
 
 // A numeric flag's accepted values: finite (CLI::Range lets nan and inf through) and in [lo, hi].
 inline CLI::Validator finite_range(double lo, double hi) {

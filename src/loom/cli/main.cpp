@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   loom::cli::register_bench(app, action);
   loom::cli::register_verify(app, action);
   loom::cli::register_profile(app, action);
+  loom::cli::register_ckpt(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
