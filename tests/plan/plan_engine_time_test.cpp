@@ -5,11 +5,16 @@
 // a GEMM nor attention is summed per step and rank, and compared with the model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "../cli/cli_runner.h"
 #include "loom/plan/engine_stream_bytes.h"
+#include "loom/plan/hardware.h"
+#include "loom/plan/model_zoo.h"
+#include "loom/plan/time_model.h"
 #include "loom/spec/param_table.h"
 #include "loom/spec/transformer_config.h"
 
@@ -79,6 +84,35 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
         << " kv_heads=" << model.n_kv_heads << ": predicted " << predicted << " bytes per step, the kernels declare "
         << measured << " (" << names << " )";
     std::filesystem::remove_all(dir);
+  }
+}
+
+// Loom's engine cuts pipeline stages unevenly (by declared cost, or as parallel.pipeline.layers says);
+// the slowest stage waits, in warm-up and cool-down, for the other stages' passes of a micro-batch, so
+// its bubble is their time (plus the hops), not (p - 1) of its own, and /v under interleaving.
+TEST(EngineTime, TheSlowestStagesBubbleIsTheOtherStagesTime) {
+  struct Case {
+    int pp, vpp;
+    std::vector<int64_t> layers;
+  };
+  for (const Case& c : {Case{2, 1, {5, 1}}, Case{2, 1, {1, 5}}, Case{2, 1, {}}, Case{3, 1, {}}, Case{2, 2, {}}}) {
+    plan::Job j;
+    j.model = plan::plan_model("mini");
+    j.cluster = plan::resolve_cluster("h100:8", {LOOM_SOURCE_DIR "/configs/hardware"});
+    j.seq = 256, j.global_batch = 8;
+    j.software.loom_engine = true;
+    j.software.pipeline_layers = c.layers;
+    plan::Layout l;
+    l.pp = c.pp, l.vpp = c.vpp, l.micro_batch = 2;
+    l.schedule = c.vpp > 1 ? plan::Schedule::Interleaved : plan::Schedule::OneFOneB;
+    const auto st = plan::step_time(l, j);
+    ASSERT_EQ(st.stage_micro_batch.size(), static_cast<size_t>(c.pp));
+    const double slowest = *std::max_element(st.stage_micro_batch.begin(), st.stage_micro_batch.end());
+    const double others = std::accumulate(st.stage_micro_batch.begin(), st.stage_micro_batch.end(), 0.0) - slowest;
+    const double m = 8.0 / 2, p2p = st.pp / m;
+    EXPECT_NEAR(st.bubble, (others + (c.pp - 1) * p2p) / c.vpp, 1e-12 * st.total) << c.pp << " " << c.vpp;
+    EXPECT_LT(st.bubble, (c.pp - 1.0) / c.vpp * (slowest + p2p) + 1e-15) << "never more than the even-stage bubble";
+    EXPECT_EQ(st.stage_micro_batch[static_cast<size_t>(st.priced_stage)], slowest);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "loom/plan/collective_cost.h"
 #include "loom/plan/engine_stream_bytes.h"
@@ -215,9 +216,11 @@ StepTime step_time(const Layout& l, const Job& j) {
   double layers = static_cast<double>(c.n_layers) / l.pp;
   bool holds_head = true;
   int priced_stage = l.pp - 1;
+  std::optional<double> other_stages;  // Loom's engine: the other stages' micro-batch times, summed
+  std::vector<double> stage_times;
   if (j.software.loom_engine && l.pp > 1) {
     const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, j.software.pipeline_layers);
-    double slowest = -1;
+    double slowest = -1, all_stages = 0;
     for (int r = 0; r < l.pp; ++r) {
       double blocks = 0;
       for (int g = r; g < cut.chunks(); g += l.pp) blocks += static_cast<double>(cut.layers[static_cast<size_t>(g)]);
@@ -225,7 +228,10 @@ StepTime step_time(const Layout& l, const Job& j) {
       const double t =
           blocks * (comp + mem + attn + tp + ep + cp) + (head_here ? head + loss : 0) + (r == 0 ? embedding : 0);
       if (t > slowest) slowest = t, layers = blocks, holds_head = head_here, priced_stage = r;
+      all_stages += t;
+      stage_times.push_back(t);
     }
+    other_stages = all_stages - slowest;
   }
   const bool holds_embedding = priced_stage == 0 || l.pp == 1;
   const double stage_compute = layers * comp + (holds_head ? head : 0);
@@ -235,15 +241,19 @@ StepTime step_time(const Layout& l, const Job& j) {
 
   StepTime st;
   st.priced_stage = priced_stage;
+  st.stage_micro_batch = stage_times;
   st.compute = m * stage_compute;
   st.memory_bound = m * stage_mem;
   st.tp = m * layers * tp, st.ep = m * layers * ep, st.cp = m * layers * cp, st.pp = m * p2p;
   st.recompute = m * layers * rec;
   st.attention = m * layers * attn;
   // Bubble: (p-1)/v micro-batch times for GPipe / 1F1B / interleaved; zero-bubble (ZB-H1) removes
-  // about two thirds of it by filling it with weight-gradient GEMMs (Qi et al. 2023).
+  // about two thirds of it by filling it with weight-gradient GEMMs (Qi et al. 2023). The slowest stage
+  // waits, in warm-up and cool-down, for the others' passes of a micro-batch: with Loom's uneven cut
+  // that is the other stages' times, not (p-1) of its own.
   if (l.pp > 1) {
     st.bubble = (l.pp - 1.0) / l.vpp * per_mb;
+    if (other_stages) st.bubble = (*other_stages + (l.pp - 1.0) * p2p) / l.vpp;
     if (l.schedule == Schedule::ZeroBubble) st.bubble /= 3;
   }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/plan/layout.h"
 
@@ -29,6 +30,9 @@ struct StepTime {
   double tp = 0, cp = 0, ep = 0, pp = 0, dp = 0, zero = 0;
   double total = 0;
   int priced_stage = 0;      // the pipeline rank whose time this is (the slowest stage; 0 without pp)
+  // Loom's engine under pp: each pipeline rank's compute and memory-bound time for one micro-batch
+  // (forward + backward, its chunks), which the slowest stage's bubble is made of.
+  std::vector<double> stage_micro_batch;
   double model_flops = 0;    // per step, Loom's MFU convention (6N + attention)
   double hardware_flops = 0; // per step, what the GEMMs execute (recompute included)
   std::string bound() const;  // "compute", "memory", "communication" or "bubble"
