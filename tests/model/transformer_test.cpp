@@ -23,10 +23,11 @@ struct Fixture {
   Tensor tokens, targets;
   ActivationContext ctx;
 
-  Fixture(const std::string& preset_name, Precision p, int64_t B, int64_t T, uint64_t seed)
+  Fixture(const std::string& preset_name, Precision p, int64_t B, int64_t T, uint64_t seed,
+          spec::Recompute recompute = spec::Recompute::None)
       : cfg(small(preset_name)),
         params(spec::build_param_table(cfg), p, alloc),
-        model(cfg, params, backend),
+        model(cfg, params, backend, nullptr, recompute),
         tokens(Tensor::empty({B, T}, DType::I32, alloc, MemCategory::Activations)),
         targets(Tensor::empty({B, T}, DType::I32, alloc, MemCategory::Activations)),
         ctx(model.make_context(B, T)) {
@@ -133,4 +134,45 @@ TEST(Transformer, RejectsTokensOutsideTheVocabulary) {
   Fixture f("tiny", Precision::FP32, 1, 4, 1);
   f.tokens.data<int32_t>()[2] = 96;
   EXPECT_THROW(f.loss(), ConfigError);
+}
+
+// Recompute runs the forward's own code again on the same inputs: the loss and every gradient are
+// bitwise those of a run that kept everything (fp32 and bf16, GPT-2 and Llama, over two micro-batches
+// accumulated through one context, so what backward refills is refilled for each), while the context
+// keeps less: selective drops the attention core's output, full everything but the residual stream.
+TEST(Transformer, RecomputeKeepsLessAndGivesBitwiseTheSameLossAndGradients) {
+  using spec::Recompute;
+  for (auto name : {"tiny", "tiny-llama"})
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      auto run = [&](Recompute rc, std::vector<float>& grads, size_t& kept) {
+        Fixture f(name, p, 2, 16, 7, rc);
+        kept = f.alloc.stats(MemCategory::Activations).live;
+        f.params.zero_grads();
+        std::vector<double> losses;
+        for (int micro = 0; micro < 2; ++micro) {
+          std::swap(f.tokens, f.targets);  // a second, different micro-batch
+          losses.push_back(f.model.forward(f.ctx, f.tokens, f.targets, 1.0f / 64));
+          f.model.backward(f.ctx);
+        }
+        const Tensor& g = f.params.grads();
+        grads.assign(g.data<float>(), g.data<float>() + g.numel());
+        return losses;
+      };
+      std::vector<float> g_none, g;
+      size_t kept_none = 0, kept = 0;
+      const auto l_none = run(Recompute::None, g_none, kept_none);
+      for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
+        const auto l = run(rc, g, kept);
+        const std::string what = std::string(name) + " " + precision_name(p) + " " + std::string(spec::recompute_name(rc));
+        EXPECT_EQ(l, l_none) << what;
+        ASSERT_EQ(g.size(), g_none.size());
+        EXPECT_EQ(std::memcmp(g.data(), g_none.data(), g.size() * sizeof(float)), 0) << what << ": gradients differ";
+        EXPECT_LT(kept, kept_none) << what << ": the context keeps no less";
+      }
+    }
+}
+
+TEST(Transformer, RecomputeRefusesASplitBackward) {
+  Fixture f("tiny", Precision::FP32, 1, 4, 1, spec::Recompute::Full);
+  EXPECT_THROW(f.model.make_context(1, 4, {0, f.cfg.n_layers, true, true}, true), UnsupportedError);
 }

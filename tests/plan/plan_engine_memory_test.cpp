@@ -36,6 +36,11 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       {"tiny", "fp32", 2, 1, 8, 2, 2, true, " --set model.vocab_size=509"},
       {"tiny-llama", "bf16", 2, 3, 8, 2, 2, true}, {"tiny-llama", "fp32", 1, 0, 4, 2, 4, false, " --set model.n_kv_heads=1"},
       {"tiny-llama", "bf16", 1, 0, 4, 2, 4, true, " --set model.n_kv_heads=2"}, {"mini", "bf16", 1, 0, 2, 2, 2, true},
+      // activation recompute, alone, under ZeRO-3 and under tp with SP
+      {"tiny", "fp32", 1, 0, 8, 4, 1, false, " --set train.recompute=full"},
+      {"tiny-llama", "bf16", 2, 3, 8, 2, 1, false, " --set train.recompute=selective"},
+      {"tiny-llama", "bf16", 1, 0, 8, 2, 2, true, " --set train.recompute=full"},
+      {"mini", "bf16", 1, 0, 2, 2, 1, false, " --set train.recompute=full"},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");
@@ -56,6 +61,8 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
     if (std::string(c.extra).find("vocab_size=509") != std::string::npos) model.vocab_size = 509;
     if (std::string(c.extra).find("n_kv_heads=1") != std::string::npos) model.n_kv_heads = 1;
     if (std::string(c.extra).find("n_kv_heads=2") != std::string::npos) model.n_kv_heads = 2;
+    if (std::string(c.extra).find("recompute=full") != std::string::npos) l.recompute = plan::Recompute::Full;
+    if (std::string(c.extra).find("recompute=selective") != std::string::npos) l.recompute = plan::Recompute::Selective;
     const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16");
     const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
                                                    {"gradients", predicted.gradients},
@@ -83,6 +90,7 @@ struct PipeCase {
   const char* schedule;
   int v;
   const char* layers;  // explicit cut, or ""
+  const char* recompute = "none";
 };
 
 TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
@@ -93,6 +101,9 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
       {"tiny", "bf16", 2, 2, 1, 1, false, "1f1b", 1, ""},  {"tiny-llama", "fp32", 2, 1, 0, 2, true, "1f1b", 1, ""},
       {"tiny", "bf16", 2, 1, 0, 2, false, "gpipe", 1, ""},  {"tiny-llama", "bf16", 2, 1, 0, 1, false, "zb-h1", 1, ""},
       {"tiny", "fp32", 2, 2, 1, 1, false, "zb-h1", 1, "3,1"},
+      {"tiny", "bf16", 2, 1, 0, 1, false, "1f1b", 1, "", "full"},
+      {"tiny-llama", "fp32", 2, 1, 0, 1, false, "gpipe", 1, "1,3", "selective"},
+      {"tiny", "bf16", 2, 1, 0, 1, false, "interleaved-1f1b", 2, "", "full"},
   };
   for (const PipeCase& c : cases) {
     auto dir = scratch_dir("engine-mem-pp");
@@ -107,11 +118,13 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
                       std::to_string(c.tp) + " --set parallel.sequence_parallel=" + (c.sp ? "true" : "false") +
                       " --set parallel.pipeline.schedule=" + c.schedule + " --set parallel.pipeline.virtual_stages=" +
                       std::to_string(c.v) + (*c.layers ? std::string(" --set parallel.pipeline.layers=") + c.layers : "") +
+                      " --set train.recompute=" + c.recompute +
                       " --set train.out_dir=" + (dir / "out").string());
     ASSERT_EQ(r.rc, 0) << r.err;
     const auto by_rank = nlohmann::json::parse(r.out)["peak_bytes_by_rank"];
     plan::Layout l;
     l.pp = c.pp, l.dp = c.dp, l.zero = c.zero, l.tp = c.tp, l.sp = c.sp, l.micro_batch = micro, l.vpp = c.v;
+    l.recompute = spec::parse_recompute(c.recompute);
     const std::string schedule = c.schedule;
     l.schedule = schedule == "gpipe"   ? plan::Schedule::GPipe
                  : schedule == "1f1b"  ? plan::Schedule::OneFOneB
@@ -143,6 +156,8 @@ TEST(EngineMemory, RefusesLayoutsTheEngineDoesNotRun) {
   l.cp = 2;
   EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false), ConfigError);
   l.cp = 1, l.pp = 2, l.dp = 2, l.zero = 2;
+  EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false, {4, {}}), ConfigError);
+  l.dp = 1, l.zero = 0, l.schedule = plan::Schedule::ZeroBubble, l.recompute = plan::Recompute::Full;
   EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false, {4, {}}), ConfigError);
 }
 

@@ -27,6 +27,7 @@ struct Case {
   int tp = 1;
   bool sp = false, overlap = true;
   int kv_heads = 0;  // 0: the preset's
+  const char* recompute = "none";
 };
 
 TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
@@ -39,6 +40,11 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
       {"tiny", "fp32", 2, true},
       {"tiny-llama", "bf16", 2, true},
       {"tiny-llama", "bf16", 4, false, true, 1},
+      // what recompute runs again
+      {"tiny", "bf16", 1, false, true, 0, "full"},
+      {"tiny-llama", "fp32", 1, false, true, 0, "full"},
+      {"tiny-llama", "bf16", 2, true, true, 0, "full"},
+      {"tiny", "bf16", 1, false, true, 0, "selective"},
   };
   const int64_t seq = 32, batch = 4, micro = 2;
   for (const Case& c : cases) {
@@ -53,7 +59,8 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
                       " --set train.micro_batch_size=" + std::to_string(micro) +
                       " --set parallel.tp=" + std::to_string(c.tp) + " --set parallel.sequence_parallel=" +
                       (c.sp ? "true" : "false") + " --set parallel.tp_overlap=" + (c.overlap ? "true" : "false") +
-                      " --set train.out_dir=" + out + " --set trace.file=" + out + "/trace.json");
+                      " --set train.recompute=" + c.recompute + " --set train.out_dir=" + out +
+                      " --set trace.file=" + out + "/trace.json");
     ASSERT_EQ(r.rc, 0) << r.err;
     r = run_loom("profile report " + out + " --json --peak-flops 1e11 --bandwidth 1e10");
     ASSERT_EQ(r.rc, 0) << r.err;
@@ -71,6 +78,7 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
     if (c.kv_heads) model.n_kv_heads = c.kv_heads;
     plan::Layout l;
     l.tp = c.tp, l.sp = c.sp, l.micro_batch = static_cast<int>(micro);
+    l.recompute = spec::parse_recompute(c.recompute);
     const bool bf16 = std::string(c.precision) == "bf16";
     const auto b = plan::engine_stream_bytes(model, l, seq, bf16);
     const double local_params =
@@ -81,7 +89,7 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
                              local_params * b.per_local_parameter;
     EXPECT_NEAR(predicted, measured, 0.01 * measured)
         << c.preset << " " << c.precision << " tp=" << c.tp << " sp=" << c.sp << " overlap=" << c.overlap
-        << " kv_heads=" << model.n_kv_heads << ": predicted " << predicted << " bytes per step, the kernels declare "
+        << " kv_heads=" << model.n_kv_heads << " recompute=" << c.recompute << ": predicted " << predicted << " bytes per step, the kernels declare "
         << measured << " (" << names << " )";
     std::filesystem::remove_all(dir);
   }

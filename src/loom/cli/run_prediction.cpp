@@ -48,19 +48,6 @@ plan::Hardware roofline_device(const profile::Roofline& roof, int world) {
   return hw;
 }
 
-plan::Layout layout_of(const train::RunConfig& cfg) {
-  const auto& p = cfg.parallel;
-  plan::Layout l;
-  l.dp = static_cast<int>(p.dp), l.tp = static_cast<int>(p.tp), l.pp = static_cast<int>(p.pp);
-  l.cp = static_cast<int>(p.cp), l.ep = static_cast<int>(p.ep);
-  l.vpp = static_cast<int>(p.pipeline_virtual_stages);
-  l.micro_batch = static_cast<int>(cfg.micro_batch());
-  l.zero = static_cast<int>(p.zero);
-  l.sp = p.sequence_parallel && p.tp > 1;
-  l.schedule = plan::planner_schedule(spec::parse_schedule(p.pipeline_schedule));
-  return l;
-}
-
 // The measured classes of the ranks the time model prices: those of pipeline stage `stage` (every rank
 // without pipeline parallelism). Ranks are numbered with pp outermost (parallel/mesh_layout.h).
 plan::MeasuredStep measured_step(const profile::StepReport& r, int world, int pp, int stage) {
@@ -89,6 +76,20 @@ plan::MeasuredStep measured_step(const profile::StepReport& r, int world, int pp
 }
 
 }  // namespace
+
+plan::Layout layout_of(const train::RunConfig& cfg) {
+  const auto& p = cfg.parallel;
+  plan::Layout l;
+  l.dp = static_cast<int>(p.dp), l.tp = static_cast<int>(p.tp), l.pp = static_cast<int>(p.pp);
+  l.cp = static_cast<int>(p.cp), l.ep = static_cast<int>(p.ep);
+  l.vpp = static_cast<int>(p.pipeline_virtual_stages);
+  l.micro_batch = static_cast<int>(cfg.micro_batch());
+  l.zero = static_cast<int>(p.zero);
+  l.sp = p.sequence_parallel && p.tp > 1;
+  l.schedule = plan::planner_schedule(spec::parse_schedule(p.pipeline_schedule));
+  l.recompute = cfg.train.recompute;
+  return l;
+}
 
 RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::optional<plan::Hardware>& machine,
                           const profile::StepReport& report) {

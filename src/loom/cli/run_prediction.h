@@ -8,6 +8,7 @@
 #include <string>
 
 #include "loom/plan/hardware.h"
+#include "loom/plan/layout.h"
 #include "loom/plan/prediction_check.h"
 #include "loom/profile/step_report.h"
 #include "loom/train/run_config.h"
@@ -21,6 +22,10 @@ struct RunPrediction {
   int priced_stage = -1;  // under pp: the pipeline stage the planner priced (its slowest), measured on its ranks
   plan::PredictionCheck check;
 };
+
+// The planner's layout of a run's resolved config (dp, tp, sp, pp with its schedule and v, ZeRO, the
+// micro-batch, recompute).
+plan::Layout layout_of(const train::RunConfig& cfg);
 
 // `machine`: a hardware file (`loom calibrate`), or none. A machine file that describes one device per
 // node (a CPU) is shared by the run's `world` ranks on it: each gets 1/world of its peaks, bandwidth

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/cli/commands.h"
+#include "loom/cli/run_prediction.h"
 #include "loom/comm/job_env.h"
 #include "loom/error.h"
 #include "loom/plan/engine_memory.h"
@@ -39,18 +40,10 @@ struct TrainOptions {
 // is allocated: the planner's model of the engine's own buffers (exact to the byte, tested against
 // measured runs) for the layout asked.
 void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
-  plan::Layout l;
-  l.dp = static_cast<int>(cfg.parallel.dp);
-  l.tp = static_cast<int>(cfg.parallel.tp);
-  l.sp = cfg.parallel.sequence_parallel;
-  l.zero = static_cast<int>(cfg.parallel.zero);
-  l.micro_batch = static_cast<int>(cfg.micro_batch());
-  l.pp = static_cast<int>(cfg.parallel.pp);
-  l.vpp = static_cast<int>(cfg.parallel.pipeline_virtual_stages);
+  const plan::Layout l = layout_of(cfg);
   plan::EnginePipeline pipe{cfg.train.batch_size / (cfg.parallel.dp * cfg.micro_batch()),
                             spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers"),
                             cfg.parallel.pipeline_bf16_transfers};
-  if (l.pp > 1) l.schedule = plan::planner_schedule(spec::parse_schedule(cfg.parallel.pipeline_schedule));
   // The heaviest pipeline stage decides (the first holds the embeddings, the last the logits).
   plan::EngineMemory need;
   for (int stage = 0; stage < l.pp; ++stage) {
@@ -117,6 +110,7 @@ int run_train(const TrainOptions& o) {
   if (o.json && sum.lead && !sum.already_complete) {
     nlohmann::json j{{"framework", "loom"},         {"preset", cfg.model.preset},
                      {"precision", cfg.precision_label()},
+                     {"recompute", spec::recompute_name(cfg.train.recompute)},
                      {"threads", sum.threads},      {"tokens_per_s", sum.tokens_per_s},
                      {"mfu", sum.mfu},              {"hfu", sum.hfu},
                      {"final_loss", sum.final_loss}, {"steps", cfg.train.steps},

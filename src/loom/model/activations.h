@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/core/tensor.h"
+#include "loom/spec/recompute.h"
 
 namespace loom::model {
 
@@ -37,6 +38,11 @@ struct BlockOutputGrads {
 
 struct ActivationContext {
   int64_t B = 0, T = 0;
+  // What the blocks keep (spec/recompute.h). Selective: every block's att, att_lp and lse are views of
+  // one set that backward refills per block. Full: every block's BlockActivations are views of one
+  // block's worth that backward refills, the block's output going to recompute_out.
+  spec::Recompute recompute = spec::Recompute::None;
+  Tensor recompute_out;                  // full: [N, C] (this rank's rows under SP)
   Tensor tokens, targets;                // I32 [B, T]
   // Under sequence parallelism every [N, C] of the residual stream below (residual, the norms' tensors,
   // x_mid, d_res, d_norm) holds this rank's N / tp rows.

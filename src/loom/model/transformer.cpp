@@ -34,12 +34,13 @@ class WholeSequence final : public AttentionStep {
 }  // namespace
 
 Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
-                         kernels::LayerOps* ops)
+                         kernels::LayerOps* ops, spec::Recompute recompute)
     : cfg_(std::move(cfg)),
       params_(params),
       own_ops_(ops ? nullptr : std::make_unique<kernels::LayerOps>(backend)),
       ops_(ops ? ops : own_ops_.get()),
       backend_(backend),
+      recompute_(recompute),
       llama_(cfg_.arch == Arch::Llama),
       lowp_(params.precision() == Precision::BF16),
       runner_(cfg_, backend, *ops_, lowp_) {
@@ -64,6 +65,10 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T) const {
 
 ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& ch, bool split_backward) const {
   check_chunk(ch);
+  if (split_backward && recompute_ != spec::Recompute::None)
+    throw UnsupportedError("a split (zero-bubble) backward cannot run with recompute = " +
+                           std::string(spec::recompute_name(recompute_)) +
+                           ": its weight pass reads GEMM inputs that recompute does not keep");
   if (B <= 0 || T <= 0 || T > cfg_.max_seq)
     throw ConfigError("micro-batch [" + std::to_string(B) + ", " + std::to_string(T) +
                       "] is invalid: need B > 0 and 0 < T <= model.max_seq = " + std::to_string(cfg_.max_seq));
@@ -94,14 +99,38 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   // they are the saved tensors themselves and each layer keeps its own.
   Tensor scratch = lowp_ ? f32({std::max(R * C, N * F)}) : Tensor();
   auto f32_or_scratch = [&](Shape s) { return lowp_ ? scratch.view(0, s) : f32(s); };
-  c.blocks.resize(static_cast<size_t>(L));
-  for (int64_t l = ch.first; l < ch.last; ++l) {
-    BlockActivations& a = c.blocks[static_cast<size_t>(l)];
+  // What a block saves; under recompute, what it does not keep is one set every block of the chunk
+  // shares (forward overwrites it block after block, backward refills it for the block at hand).
+  c.recompute = recompute_;
+  auto attention_core = [&](BlockActivations& a) {
+    a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
+  };
+  auto block = [&](BlockActivations& a, bool core) {
     a.n1_mean = f32({R}), a.n1_rstd = f32({R}), a.n1_out = f32_or_scratch({R, C}), a.n1_lp = lp(a.n1_out);
-    a.qkv = f32({N, QKV}), a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
+    a.qkv = f32({N, QKV});
+    if (core) attention_core(a);
     a.x_mid = f32({R, C});
     a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = f32_or_scratch({R, C}), a.n2_lp = lp(a.n2_out);
     a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
+  };
+  c.blocks.resize(static_cast<size_t>(L));
+  if (ch.last > ch.first) {
+    BlockActivations shared;
+    if (recompute_ == spec::Recompute::Full) {
+      block(shared, true);
+      c.recompute_out = f32({R, C});
+    } else if (recompute_ == spec::Recompute::Selective) {
+      attention_core(shared);
+    }
+    for (int64_t l = ch.first; l < ch.last; ++l) {
+      BlockActivations& a = c.blocks[static_cast<size_t>(l)];
+      if (recompute_ == spec::Recompute::Full) {
+        a = shared;
+        continue;
+      }
+      block(a, recompute_ == spec::Recompute::None);
+      if (recompute_ == spec::Recompute::Selective) a.lse = shared.lse, a.att = shared.att, a.att_lp = shared.att_lp;
+    }
   }
   if (heads) {
     c.nf_mean = f32({R}), c.nf_rstd = f32({R}), c.nf_out = f32_or_scratch({R, C}), c.nf_lp = lp(c.nf_out);
@@ -155,6 +184,23 @@ void Transformer::block_backward(const BlockWeights& blk, BlockActivations& a, A
   linear_backward(c.d_norm, blk.qkv, d_qkv, a.n1_lp, false, nullptr);
   runner_.norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
   add_partial_grads({&blk.norm2, &blk.norm1}, c);
+}
+
+void Transformer::recompute_block(int64_t l, ActivationContext& c, const kernels::AttentionShape& s) {
+  if (c.recompute == spec::Recompute::None) return;
+  // The recomputed forward is the forward's own code on the same inputs and weights: its tensors are
+  // bitwise the ones forward wrote (tests hold fp32 losses and gradients to that).
+  profile::ScopedSpanContext where(static_cast<int>(l), "R");
+  BlockActivations& a = c.blocks[static_cast<size_t>(l)];
+  if (c.recompute == spec::Recompute::Full) {
+    WholeSequence attention(backend_, rope_, llama_, s);
+    runner_.forward(w_.blocks[static_cast<size_t>(l)], a, c.residual[static_cast<size_t>(l)], c.recompute_out,
+                    attention);
+  } else {
+    // qkv was saved after the rotary embedding: only the attention core runs again.
+    backend_.attention_forward(a.att, a.lse, a.qkv, s);
+    runner_.to_gemm_input(a.att_lp, a.att);
+  }
 }
 
 void Transformer::block_backward_weight(const BlockWeights& blk, const BlockActivations& a, const BlockOutputGrads& g) {
@@ -301,6 +347,7 @@ void Transformer::backward_walk(ActivationContext& c, const Chunk& ch, bool spli
   for (int64_t l = ch.last - 1; l >= ch.first; --l) {
     profile::ScopedSpanContext where(static_cast<int>(l), pass);
     h.before_backward(l);
+    recompute_block(l, c, s);
     block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s, split ? &c.split[static_cast<size_t>(l)] : nullptr);
     if (!split) h.after_backward(l);
   }

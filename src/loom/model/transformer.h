@@ -22,9 +22,10 @@ namespace loom::model {
 class Transformer {
  public:
   // ops: how the linears, embedding and loss run (nullptr: on the whole model, locally); its group size
-  // must be the tensor-parallel degree the parameter table was built for. Not owned.
+  // must be the tensor-parallel degree the parameter table was built for. Not owned. recompute: what
+  // the contexts this model makes keep for backward (spec/recompute.h).
   Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
-              kernels::LayerOps* ops = nullptr);
+              kernels::LayerOps* ops = nullptr, spec::Recompute recompute = spec::Recompute::None);
 
   const spec::TransformerConfig& config() const { return cfg_; }
   // This shard's widths: query heads, KV heads, MLP width and vocabulary rows (padded) per rank.
@@ -40,7 +41,8 @@ class Transformer {
   // one chunk (its blocks' saved tensors, its part of the residual stream, the logits when it has the head).
   ActivationContext make_context(int64_t B, int64_t T) const;
   // split_backward: also keep each block's linear output gradients for backward_chunk_input /
-  // backward_chunk_weight (zero-bubble schedules).
+  // backward_chunk_weight (zero-bubble schedules; not with recompute, whose weight pass would read
+  // GEMM inputs no longer kept).
   ActivationContext make_context(int64_t B, int64_t T, const Chunk& chunk, bool split_backward = false) const;
 
   // Forward over tokens/targets (I32 [B, T], copied into the context; targets < 0 are ignored).
@@ -74,6 +76,8 @@ class Transformer {
   void block_backward(const BlockWeights& w, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
                       const kernels::AttentionShape& s, BlockOutputGrads* split = nullptr);
   void block_backward_weight(const BlockWeights& w, const BlockActivations& a, const BlockOutputGrads& g);
+  // Under recompute: refills what block l's backward reads and the context did not keep.
+  void recompute_block(int64_t l, ActivationContext& ctx, const kernels::AttentionShape& s);
   // Under sequence parallelism a norm sees only this rank's rows, so its weight gradient is a partial
   // sum: partial_grads points it at slot `slot` of the context's norm_grads scratch (zeroed by the
   // caller), add_partial_grads sums the scratch over the group and adds it to the norms' gradients.
@@ -90,6 +94,7 @@ class Transformer {
   LocalWidths local_;
   LayerHooks* hooks_ = nullptr;
   kernels::Backend& backend_;
+  spec::Recompute recompute_;
   bool llama_;
   bool lowp_;
   ModelWeights w_;

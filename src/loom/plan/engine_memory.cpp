@@ -71,16 +71,23 @@ struct Widths {
 
 // One activation context as model::Transformer::make_context allocates it for a chunk of `blocks`
 // blocks (with the head or not).
-double context_bytes(const Widths& w, int64_t blocks, bool head, bool sp, bool bf16, bool split_backward) {
+double context_bytes(const Widths& w, int64_t blocks, bool head, bool sp, bool bf16, bool split_backward,
+                     Recompute recompute) {
   const double N = w.N, C = w.C, H = w.H, D = w.D, F = w.F, R = w.R;
   const double lp = bf16 ? 2 : 0;        // bf16 copies of GEMM inputs
   const double norm_out = bf16 ? 0 : 4;  // f32 norm / activation outputs (bf16: one scratch)
-  const double layer = 4 * R * (2 + C + 2) + 4 * N * (w.QKV + H + H * D + w.HPRE)  // norm stats, x_mid; qkv, lse, att, h_pre
-                       + norm_out * (2 * R * C + N * F)                            // n1_out, n2_out, h_act
-                       + lp * (2 * R * C + N * (H * D + F));                       // n1_lp, n2_lp, att_lp, h_act_lp
+  const double core = 4 * N * (H + H * D) + lp * N * H * D;  // the attention core's lse, att (and att_lp)
+  const double layer = 4 * R * (2 + C + 2) + 4 * N * (w.QKV + w.HPRE)  // norm stats, x_mid; qkv, h_pre
+                       + norm_out * (2 * R * C + N * F)                // n1_out, n2_out, h_act
+                       + lp * (2 * R * C + N * F)                      // n1_lp, n2_lp, h_act_lp
+                       + core;
   // A split (zero-bubble) backward keeps each block's four linear output gradients until its weight pass.
   const double split = split_backward ? 4 * (2 * R * C + N * (w.HPRE + w.QKV)) : 0;
-  double total = static_cast<double>(blocks) * (layer + split);
+  const double n = static_cast<double>(blocks);
+  // Recompute: what the blocks do not keep is one set the chunk's blocks share (model::Transformer).
+  double total = n * (layer + split);
+  if (blocks > 0 && recompute == Recompute::Selective) total = n * (layer - core) + core;
+  if (blocks > 0 && recompute == Recompute::Full) total = layer + 4 * R * C;  // one block, and its output
   total += 4 * R * C * static_cast<double>(blocks + 1);  // residual stream, the chunk's input to its output
   if (bf16) total += 4 * std::max(R * C, N * F);         // the shared f32 scratch
   if (head) {
@@ -151,6 +158,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
       throw ConfigError("Loom's engine runs pipeline parallelism with ZeRO 0 or 1, not " + l.str());
     if (l.schedule == Schedule::ZeroBubble && l.tp > 1)
       throw ConfigError("Loom's engine runs the zero-bubble schedule at tp = 1, not " + l.str());
+    if (l.schedule == Schedule::ZeroBubble && l.recompute != Recompute::None)
+      throw ConfigError("Loom's engine runs the zero-bubble schedule without recompute, not " + l.str());
     stages = spec::cut_pipeline(cfg, seq, l.pp, l.vpp, pipe.layers);
     if (pipeline_rank < 0 || pipeline_rank >= l.pp)
       throw ConfigError("pipeline rank " + std::to_string(pipeline_rank) + " is not one of pp = " + std::to_string(l.pp));
@@ -201,7 +210,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   const bool sp = l.sp && l.tp > 1;
   const Widths w(cfg, table, l.micro_batch, seq, l.tp, sp);
   if (!stages) {
-    m.activations = context_bytes(w, cfg.n_layers, true, sp, bf16, false) +
+    m.activations = context_bytes(w, cfg.n_layers, true, sp, bf16, false, l.recompute) +
                     rank_activation_bytes(cfg, w, RankPart{cfg.n_layers, true, true}, l.tp, sp, bf16);
     return m;
   }
@@ -217,7 +226,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     const bool head = g == stages->chunks() - 1;
     part.blocks += blocks, part.head = part.head || head;
     const int n = std::max(training[static_cast<size_t>(c)], validating[static_cast<size_t>(c)]);
-    m.activations += n * context_bytes(w, blocks, head, sp, bf16, l.schedule == Schedule::ZeroBubble);
+    m.activations += n * context_bytes(w, blocks, head, sp, bf16, l.schedule == Schedule::ZeroBubble, l.recompute);
   }
   m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16);
   if (bf16 && pipe.bf16_transfers) m.activations += 2 * 2 * w.R * w.C;  // the executor's bf16 wire buffers

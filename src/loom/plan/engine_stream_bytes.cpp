@@ -21,7 +21,18 @@ EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const La
   // pass that casts dY, which is counted with the casts).
   auto bias_bwd = [&](double width) { return f32 * ((bf16 ? 0 : n * width) + 2 * width); };
   EngineStreamBytes b;
-  b.per_block = 2 * norm;
+  // A block's forward alone (what full recompute runs again): the two norms (read x, write y and the
+  // row statistics; the gains and biases once), the activation, the rotary embedding, the GEMM inputs'
+  // casts and, under tp, the row-parallel sums.
+  const double norm_fwd = gpt2 ? f32 * (2 * norm_rows * h + 2 * h + 2 * norm_rows) : f32 * (2 * norm_rows * h + h + norm_rows);
+  double forward = 2 * norm_fwd + (gpt2 ? 2 : 3) * f32 * n * F;
+  if (!gpt2) forward += 2 * f32 * n * (q + kv) + f32 * static_cast<double>(seq) / l.cp * hd;
+  if (bf16) forward += (4 + 2) * (norm_rows * h + n * q + norm_rows * h + n * F);
+  if (l.tp > 1) forward += 2 * 3 * f32 * norm_rows * h;
+  // Selective recompute runs the attention core again (attention, its own class) and casts its output.
+  if (l.recompute == Recompute::Full) b.recompute_block = forward;
+  if (l.recompute == Recompute::Selective) b.recompute_block = bf16 ? (4 + 2) * n * q : 0;
+  b.per_block = 2 * norm + b.recompute_block;
   if (gpt2) {
     // GeLU: forward reads and writes the hidden, backward reads it and dy and writes dx.
     b.per_block += (2 + 3) * f32 * n * F;

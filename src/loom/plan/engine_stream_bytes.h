@@ -11,7 +11,8 @@
 namespace loom::plan {
 
 struct EngineStreamBytes {
-  double per_block = 0;            // one block, one micro-batch, forward + backward
+  double per_block = 0;            // one block, one micro-batch, forward + backward (+ recompute)
+  double recompute_block = 0;      // of per_block: what l.recompute runs again in backward
   double first_stage = 0;          // per micro-batch on the rank holding the embedding (fwd + bwd)
   double last_stage = 0;           // per micro-batch on the rank holding the final norm, head and loss
   double per_local_parameter = 0;  // the optimizer step, per parameter the rank updates

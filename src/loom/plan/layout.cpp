@@ -6,9 +6,6 @@
 
 namespace loom::plan {
 
-std::string_view recompute_name(Recompute r) {
-  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
-}
 std::string_view schedule_name(Schedule s) {
   switch (s) {
     case Schedule::GPipe: return "gpipe";
@@ -76,10 +73,13 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (l.sp && l.tp == 1) return div("sequence parallelism needs tp > 1");
   if (l.sp && (j.seq / l.cp) % l.tp) return div("sequence parallelism needs seq/cp divisible by tp");
   if (l.zero < 0 || l.zero > 3) return div("ZeRO stage must be 0..3");
-  if (j.software.loom_engine && (l.cp > 1 || l.ep > 1 || l.recompute != Recompute::None))
+  if (j.software.loom_engine && (l.cp > 1 || l.ep > 1))
     return {Reject::Engine,
-            "Loom's engine runs data, tensor and pipeline parallelism (dp x ZeRO x tp, sp x pp) only: cp, ep and "
-            "recompute wait for it"};
+            "Loom's engine runs data, tensor and pipeline parallelism (dp x ZeRO x tp, sp x pp) only: cp and ep wait "
+            "for it"};
+  if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble && l.recompute != Recompute::None)
+    return {Reject::Engine, "Loom's engine runs the zero-bubble schedule without recompute (its weight pass reads "
+                            "GEMM inputs recompute does not keep)"};
   if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble && l.tp > 1)
     return {Reject::Engine, "Loom's engine runs the zero-bubble schedule at tp = 1 only (its TP ops do not split backward)"};
   if (j.software.loom_engine && l.pp > 1 && l.zero >= 2 && l.dp > 1)

@@ -10,12 +10,13 @@
 
 #include "loom/plan/hardware.h"
 #include "loom/plan/model_zoo.h"
+#include "loom/spec/recompute.h"
 
 namespace loom::plan {
 
-enum class Recompute { None, Selective, Full };
+using spec::Recompute;
+using spec::recompute_name;
 enum class Schedule { GPipe, OneFOneB, Interleaved, ZeroBubble };
-std::string_view recompute_name(Recompute r);
 std::string_view schedule_name(Schedule s);
 
 struct Layout {

@@ -60,10 +60,7 @@ void apply_fix(Fixed& f, const std::string& kv) {
     if (v != "0" && v != "1" && v != "true" && v != "false") throw ConfigError("--fix sp=" + v + ": expected 0 or 1");
     f.sp = v == "1" || v == "true";
   } else if (k == "recompute") {
-    if (v == "none") f.recompute = Recompute::None;
-    else if (v == "selective") f.recompute = Recompute::Selective;
-    else if (v == "full") f.recompute = Recompute::Full;
-    else throw ConfigError("--fix recompute=" + v + ": valid: none, selective, full");
+    f.recompute = spec::parse_recompute(v, "--fix recompute");
   } else if (k == "schedule") {
     if (v == "gpipe") f.schedule = Schedule::GPipe;
     else if (v == "1f1b") f.schedule = Schedule::OneFOneB;
@@ -95,9 +92,10 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
     }
     if (r.rejected[v.reject]++ == 0) r.example[v.reject] = v.why;
   };
-  // With flash attention selective recompute is the same layout as none (the scores it would drop are
-  // never stored), so it is only listed when asked for.
-  const std::vector<Recompute> policies = j.software.flash_attention
+  // With flash attention (Megatron's selective recompute drops the T x T scores, which flash attention
+  // never stores) selective is the same layout as none, so it is only listed when asked for; Loom's
+  // engine's selective drops the attention core's output instead, a layout of its own.
+  const std::vector<Recompute> policies = j.software.flash_attention && !j.software.loom_engine
                                               ? std::vector<Recompute>{Recompute::None, Recompute::Full}
                                               : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
   // TP stays inside a node (its collectives run every layer); pipeline and context degrees are

@@ -162,7 +162,9 @@ StepTime step_time(const Layout& l, const Job& j) {
   // again for the weight-gradient GEMM: half the forward's traffic more. Full recompute gathers the
   // input in its recomputed forward instead (counted below).
   const double block_comm = lc.tp_comm / 2;
-  const double bwd_block_comm = block_comm * (l.sp && l.recompute != Recompute::Full ? 1.5 : 1.0);
+  // (Loom's engine gathers it again in backward under full recompute too: its TP ops keep no gathered input.)
+  const double bwd_block_comm =
+      block_comm * (l.sp && (l.recompute != Recompute::Full || j.software.loom_engine) ? 1.5 : 1.0);
   // Without TP overlap (Megatron's default, and the 2021-22 runs) every TP collective is exposed. With
   // it (Megatron-Core's --tp-comm-overlap, which needs SP) each block's collectives are cut into tp
   // chunks that run under the block's GEMMs: exposed is what the GEMMs cannot cover, and at least the
@@ -178,8 +180,10 @@ StepTime step_time(const Layout& l, const Job& j) {
   if (l.recompute == Recompute::Full) {
     comp += lc.gemm, mem += lc.memory + lc.cast_fwd, attn += lc.attn_core, tp += tp_fwd, ep += lc.ep_comm, cp += cp_fwd;
     rec = lc.gemm + lc.memory + lc.cast_fwd + lc.attn_core;
-  } else if (l.recompute == Recompute::Selective && !j.software.flash_attention) {
-    attn += lc.attn_core;  // flash attention's backward already recomputes its scores
+  } else if (l.recompute == Recompute::Selective && (!j.software.flash_attention || j.software.loom_engine)) {
+    // Flash attention's backward already recomputes its scores: Megatron's selective then runs nothing
+    // again. Loom's engine's selective does not keep the attention core's output, and runs it again.
+    attn += lc.attn_core;
     rec = lc.attn_core;
   }
   // The LM head (last stage) and the loss: GEMM [n, h] x [h, V/tp], fwd + bwd; softmax-CE reads and
@@ -193,7 +197,12 @@ StepTime step_time(const Layout& l, const Job& j) {
   // Megatron's fused bf16 kernels.
   const bool engine = j.software.loom_engine;
   const EngineStreamBytes eb = engine ? engine_stream_bytes(c, l, j.seq, j.precision == "bf16") : EngineStreamBytes{};
-  if (engine) mem = eb.per_block / bw, loss = eb.last_stage / bw, embedding = eb.first_stage / bw;
+  if (engine) {
+    mem = eb.per_block / bw, loss = eb.last_stage / bw, embedding = eb.first_stage / bw;
+    // The recomputed forward's streaming kernels are the engine's own too.
+    if (l.recompute == Recompute::Full) rec = lc.gemm + eb.recompute_block / bw + lc.attn_core;
+    if (l.recompute == Recompute::Selective) rec = lc.attn_core + eb.recompute_block / bw;
+  }
   const double head_flops = 3 * 2 * n * V / l.tp * h;
 
   // Pipeline p2p: each micro-batch crosses every chunk boundary forward and backward; Megatron's

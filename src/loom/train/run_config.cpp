@@ -171,6 +171,14 @@ const std::vector<Field>& fields() {
                   "skip a step whose loss is this many standard deviations above the recent mean (0: off)"),
       LOOM_INT("train.loss_spike_window", train.loss_spike_window, 2, kMaxCount,
                "applied steps the loss-spike mean and deviation are taken over"),
+      Field{"train.recompute", "string",
+            "\"none\", \"selective\" (backward recomputes the attention core: its output and softmax "
+            "statistics are not kept) or \"full\" (each block keeps only its input and is run forward again "
+            "in backward)",
+            [](RunConfig& c, const toml::node& n) {
+              c.train.recompute = spec::parse_recompute(as_string(n, "train.recompute"));
+            },
+            [](const RunConfig& c) { return quote(std::string(spec::recompute_name(c.train.recompute))); }},
       LOOM_INT("train.eval_every", train.eval_every, 0, kMaxCount, "steps between validation losses (0: never)"),
       LOOM_INT("train.eval_batches", train.eval_batches, 1, 1048576,
                "batches (of train.batch_size samples) per validation; the same samples under every layout"),
@@ -371,6 +379,11 @@ void RunConfig::validate() const {
          "parallel.pipeline.schedule = \"zb-h1\" with parallel.tp = " + s(p.tp) +
              " is not supported yet: the tensor-parallel ops do not split their backward into input- and "
              "weight-gradient passes; use \"1f1b\" with tp, or zb-h1 with tp = 1");
+    need(kind != spec::PipelineSchedule::ZeroBubbleH1 || train.recompute == spec::Recompute::None,
+         "parallel.pipeline.schedule = \"zb-h1\" with train.recompute = \"" +
+             std::string(spec::recompute_name(train.recompute)) +
+             "\" is not supported: zb-h1's weight-gradient passes read GEMM inputs that recompute does not keep; "
+             "use \"1f1b\" (or \"gpipe\", \"interleaved-1f1b\") with recompute, or train.recompute = \"none\"");
     // ZeRO-1 reduces every gradient once, after the schedule; ZeRO-2/3 keep no whole gradient and reduce
     // (and free) each block's during its backward, once per micro-batch, in the order of one backward.
     need(p.zero <= 1 || p.dp == 1,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/model/parameter_store.h"
+#include "loom/spec/recompute.h"
 #include "loom/spec/transformer_config.h"
 
 namespace loom::train {
@@ -38,6 +39,8 @@ struct TrainSection {
   int64_t max_consecutive_skips = 3;
   double loss_spike_zscore = 0;
   int64_t loss_spike_window = 50;
+  // What backward computes again instead of keeping it from forward (spec/recompute.h).
+  spec::Recompute recompute = spec::Recompute::None;
   int64_t eval_every = 50;        // steps between validation losses; 0 disables
   int64_t eval_batches = 4;
   int64_t log_every = 1;

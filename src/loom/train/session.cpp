@@ -130,10 +130,13 @@ SessionSummary Session::run() {
   if (world)
     check_ranks_agree(world->group(), run_facts(cfg, table, world->size(), fmt::format("{} ({})", id.version, id.commit)),
                       "the run");
-  say(fmt::format("model {} ({}): {:.2f} M parameters, L={} C={} H={} KV={} V={} | {} | batch {} x {} tokens (micro {})",
+  say(fmt::format("model {} ({}): {:.2f} M parameters, L={} C={} H={} KV={} V={} | {}{} | batch {} x {} tokens (micro {})",
                   cfg.model.preset, spec::arch_name(m.arch), table.total_numel() * 1e-6, m.n_layers, m.d_model,
-                  m.n_heads, m.n_kv_heads, m.vocab_size, cfg.precision_label(), cfg.train.batch_size,
-                  cfg.seq_len(), cfg.micro_batch()));
+                  m.n_heads, m.n_kv_heads, m.vocab_size, cfg.precision_label(),
+                  cfg.train.recompute == spec::Recompute::None
+                      ? std::string()
+                      : " | recompute " + std::string(spec::recompute_name(cfg.train.recompute)),
+                  cfg.train.batch_size, cfg.seq_len(), cfg.micro_batch()));
   const DType peak_type = cfg.precision == model::Precision::BF16 ? DType::BF16 : DType::F32;
   auto peak = kernels::device_peak_flops(peak_type, o.threads);
   id.peak_flops = peak.flops_per_s;

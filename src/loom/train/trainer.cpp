@@ -65,7 +65,8 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc, backing);
   if (cfg_.stochastic_rounding) params_->use_stochastic_rounding(cfg_.train.seed);
   params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
-  model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get());
+  model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get(),
+                                                 cfg_.train.recompute);
   optimizer_ = std::make_unique<AdamW>(
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc,
       data_parallel_->optimizer_pieces());
