@@ -121,6 +121,32 @@ TEST(Checkpoint, AKillAtAnyPhaseOfASaveLeavesThePreviousCheckpointLoadable) {
   }
 }
 
+// A restarted job (`loom run --max-restarts`: LOOM_RESTART_COUNT > 0) continues from the newest complete
+// save, also one a crash left between its rename and the `latest` update, and logs every step once.
+TEST(Checkpoint, ARestartContinuesFromTheNewestCompleteSaveEvenWhenLatestLagsBehind) {
+  auto root = loom::test::scratch_dir("ck-restart");
+  ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+  auto killed = run_loom(train_args(root, 4, "--resume"), "LOOM_FAULT_INJECT=latest");
+  ASSERT_EQ(killed.rc, 86) << killed.err;
+  ASSERT_EQ(latest(root), "step-00000002");
+  ASSERT_TRUE(fs::exists(root / "ck" / "step-00000004" / "manifest.json"));
+  // The crashed attempt logged steps 3 and 4 before it died; the restart runs neither again.
+  const std::string restart = "LOOM_RANK=0 LOOM_WORLD_SIZE=1 LOOM_RESTART_COUNT=1";
+  auto resumed = run_loom(train_args(root, 6), restart);
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("restart 1 of the job: continuing from " + (root / "ck" / "step-00000004").string()),
+            std::string::npos) << resumed.err;
+  EXPECT_EQ(latest(root), "step-00000006");
+  auto whole = loom::test::scratch_dir("ck-restart-whole");
+  ASSERT_EQ(run_loom(train_args(whole, 6)).rc, 0);
+  EXPECT_EQ(losses(root), losses(whole)) << "every step once, bitwise the uninterrupted run's";
+  // Nothing saved yet: a restart starts again from step 0.
+  auto fresh = loom::test::scratch_dir("ck-restart-fresh");
+  auto again = run_loom(train_args(fresh, 2), restart);
+  EXPECT_EQ(again.rc, 0) << again.err;
+  EXPECT_NE(again.err.find("no checkpoint was saved, starting again from step 0"), std::string::npos) << again.err;
+}
+
 TEST(Checkpoint, AFullDiskFailsTheSaveWithAClearErrorAndKeepsThePreviousOne) {
   auto root = loom::test::scratch_dir("ck-full");
   ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);

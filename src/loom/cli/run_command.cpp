@@ -1,6 +1,8 @@
 // `loom run`: the launcher. Starts N ranks of a command on this node with torchrun-style variables,
 // hosts the rendezvous store (node 0), and watches the ranks: one failure stops the job, and the
-// launcher says which rank failed and how.
+// launcher says which rank failed and how. With --max-restarts K it then starts the job again, at most
+// K times (LOOM_RESTART_COUNT tells the ranks which attempt they are; `loom train` continues from its
+// latest complete checkpoint).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/prctl.h>
@@ -10,7 +12,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -36,6 +40,7 @@ struct RunArgs {
   int master_port = 0;  // 0 on one node: pick a free port
   double kill_grace_s = 3.0;
   double stop_timeout_s = 60.0;
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -100,6 +105,12 @@ void validate(const RunArgs& a) {
     throw ConfigError("loom run: nodes other than 0 need --master-addr (node 0's address), e.g. --master-addr node0");
   if (a.kill_grace_s < 0 || a.stop_timeout_s < 0)
     throw ConfigError("loom run: --kill-grace and --stop-timeout must not be negative");
+  if (a.max_restarts < 0 || a.max_restarts > 10000)
+    throw ConfigError(fmt::format("loom run: --max-restarts {} must be 0..10000", a.max_restarts));
+  if (a.max_restarts > 0 && a.nnodes > 1)
+    throw ConfigError(
+        "loom run: --max-restarts needs a one-node job (--nnodes 1): restarting a multi-node job needs every "
+        "node's launcher to agree on each restart, which this launcher does not do yet");
 }
 
 // The signals the launcher takes synchronously in its watch loop. SIGHUP only when it is not ignored
@@ -155,62 +166,44 @@ std::string random_suffix() {
   return comm::make_job_secret().substr(0, 6);
 }
 
-int launch(const RunArgs& a) {
-  validate(a);
-  auto base_env = comm::current_environment();
-  std::string secret = base_env.contains("LOOM_JOB_SECRET") ? base_env["LOOM_JOB_SECRET"] : "";
-  if (a.nnodes > 1 && secret.empty())
-    throw ConfigError(
-        "loom run: a multi-node job needs the same LOOM_JOB_SECRET on every node: export "
-        "LOOM_JOB_SECRET=$(head -c32 /dev/urandom | xxd -p -c64) and pass it to every node's `loom run`");
-  if (a.nnodes > 1 && a.master_port == 0)
-    throw ConfigError("loom run: a multi-node job needs --master-port (the same on every node), e.g. --master-port 29500");
-  if (secret.empty()) secret = comm::make_job_secret();
-  // Names shared memory on this node only, so each launch gets its own suffix: two jobs started from
-  // one shell with the same exported secret (or a nested `loom run`) must not share segments.
-  // The id is public (it names files under /dev/shm): a keyed hash of the secret, never a piece of it.
+// How one start of the job's ranks ended.
+struct Attempt {
+  std::optional<std::string> failure;  // the failed rank and how (a rank that died first, when one did)
+  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP the launcher received
+  int exit_code = 0;                   // what `loom run` returns for it
+};
+
+// The launcher's state across attempts: signals, the job's secret and base environment.
+struct Launcher {
+  const RunArgs& a;
+  std::map<std::string, std::string> base_env;
+  std::string secret;
+  sigset_t handled{}, old_mask{};
+
+  // One start of every rank on this node, watched until all have ended.
+  Attempt run(int restart);
+};
+
+Attempt Launcher::run(int restart) {
+  // Names shared memory on this node only, so each launch (and each restart) gets its own suffix: two
+  // jobs started from one shell with the same exported secret (or a nested `loom run`) must not share
+  // segments. The id is public (it names files under /dev/shm): a keyed hash of the secret, never a
+  // piece of it.
   const std::string job_id =
       (base_env.contains("LOOM_JOB_ID") ? base_env["LOOM_JOB_ID"] : comm::job_id_from_secret(secret)) + "-" +
       random_suffix();
-
-  // Signals are blocked before any thread exists (threads inherit the mask): otherwise the store's
-  // thread could take a SIGINT meant for the watch loop and die of it, taking the launcher along.
-  const bool watch_hup = !ignored(SIGHUP);
-  const sigset_t handled = watched_signals(watch_hup);
-  sigset_t old_mask;
-  ::sigprocmask(SIG_BLOCK, &handled, &old_mask);
-  // An ignored SIGINT (a shell's background job) must still reach the loop; an ignored SIGCHLD would
-  // make the kernel reap the ranks before we could see how they ended.
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGCHLD, SIG_DFL);
-  auto restore_mask = [&] {
-    // Drain what arrived meanwhile, so an unblocked pending SIGINT cannot kill us after the report.
-    timespec zero{0, 0};
-    while (::sigtimedwait(&handled, nullptr, &zero) > 0) {
-    }
-    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-  };
-
-  // Node 0 hosts the store for the job's lifetime; loopback only unless other nodes must reach it.
+  // Node 0 hosts the store for the attempt's lifetime (a restart gets a fresh one: no key of the failed
+  // attempt survives); loopback only unless other nodes must reach it.
   std::unique_ptr<comm::StoreServer> server;
   int port = a.master_port;
-  try {
-    if (a.node_rank == 0) {
-      server = std::make_unique<comm::StoreServer>(a.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", a.master_port, secret);
-      port = server->port();
-    }
-  } catch (...) {
-    restore_mask();
-    throw;
+  if (a.node_rank == 0) {
+    server = std::make_unique<comm::StoreServer>(a.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", a.master_port, secret);
+    port = server->port();
   }
 
   const int world = a.nproc * a.nnodes;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool user_threads = base_env.contains("LOOM_THREADS");
-  base_env.erase("OMPI_COMM_WORLD_RANK");  // a loom-run job is not an mpirun job, even when nested in one
-  base_env.erase("SLURM_PROCID");
-
   std::vector<ChildImage> images(a.nproc);
   for (int local = 0; local < a.nproc; ++local) {
     ChildImage& c = images[local];
@@ -225,6 +218,8 @@ int launch(const RunArgs& a) {
     env_map["LOOM_MASTER_PORT"] = std::to_string(port);
     env_map["LOOM_JOB_SECRET"] = secret;
     env_map["LOOM_JOB_ID"] = job_id;
+    env_map["LOOM_RESTART_COUNT"] = std::to_string(restart);  // torchrun: TORCHELASTIC_RESTART_COUNT
+    env_map["LOOM_MAX_RESTARTS"] = std::to_string(a.max_restarts);
     // Ranks share the cores: N ranks each taking every core would thrash.
     if (!user_threads) env_map["LOOM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(a.nproc)));
     for (const auto& [k, v] : env_map) c.env.push_back(k + "=" + v);
@@ -240,23 +235,25 @@ int launch(const RunArgs& a) {
   std::vector<Rank> ranks(a.nproc);
   const pid_t self = ::getpid();
   pid_t group = 0;
-  std::optional<std::string> failure;  // the first rank that failed, and how
-  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP the launcher received
-  int rank_stop_status = 0;            // 128 + signal of a rank that stopped when asked
+  Attempt out;
+  std::optional<std::string> died;  // the first rank killed by a signal the launcher did not send
+  std::vector<int> sent;            // signals the launcher sent to the job
+  int rank_stop_status = 0;         // 128 + signal of a rank that stopped when asked
   Clock::time_point kill_at = Clock::time_point::max();  // SIGKILL whatever still runs then
   int running = 0;
   // The job's process group: every rank and whatever it started, each signalled exactly once (a rank
   // that is training treats a second SIGINT as "stop now, skip the checkpoint").
   auto signal_all = [&](int sig) {
     if (group != 0) ::kill(-group, sig);
+    sent.push_back(sig);
   };
   auto deadline_in = [](double seconds) {
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   };
   auto record_failure = [&](std::string what) {
-    if (failure || stop_signal != 0) return;
-    failure = std::move(what);
-    std::fprintf(stderr, "loom run: %s; stopping the other %d rank(s)\n", failure->c_str(), running);
+    if (out.failure || out.stop_signal != 0) return;
+    out.failure = std::move(what);
+    std::fprintf(stderr, "loom run: %s; stopping the other %d rank(s)\n", out.failure->c_str(), running);
     if (running > 0) signal_all(SIGTERM);
     kill_at = std::min(kill_at, deadline_in(a.kill_grace_s));
   };
@@ -279,12 +276,12 @@ int launch(const RunArgs& a) {
     siginfo_t info;
     const int sig = ::sigtimedwait(&handled, &info, &tick);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      if (stop_signal != 0 || failure) {  // asked twice, or already stopping a failed job: stop now
+      if (out.stop_signal != 0 || out.failure) {  // asked twice, or already stopping a failed job: stop now
         std::fprintf(stderr, "loom run: stopping all ranks now (SIGKILL)\n");
         signal_all(SIGKILL);
-        if (stop_signal == 0) stop_signal = sig;
+        if (out.stop_signal == 0) out.stop_signal = sig;
       } else {
-        stop_signal = sig;
+        out.stop_signal = sig;
         std::fprintf(stderr, "loom run: received SIG%s: asking %d rank(s) to stop (again to kill them now)\n",
                      sigabbrev_np(sig), running);
         signal_all(sig == SIGHUP ? SIGTERM : sig);  // ranks save a checkpoint on SIGINT/SIGTERM when training
@@ -312,6 +309,10 @@ int launch(const RunArgs& a) {
         r.running = false;
         r.status = status;
         --running;
+        // A rank that died of a signal nobody here sent is the cause, even when a peer that noticed its
+        // death was reaped first.
+        if (WIFSIGNALED(status) && !died && std::find(sent.begin(), sent.end(), WTERMSIG(status)) == sent.end())
+          died = fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_exit(status));
         if (stopped_on_request(status))
           rank_stop_status = WEXITSTATUS(status);
         else if (failed(status))
@@ -327,16 +328,84 @@ int launch(const RunArgs& a) {
 
   const int removed = remove_leftover_segments(job_id);
   if (removed > 0) std::fprintf(stderr, "loom run: removed %d shared-memory segment(s) left by failed ranks\n", removed);
-  server.reset();
+  if (out.failure && died) out.failure = died;
+  if (out.failure)
+    out.exit_code = 1;
+  else if (out.stop_signal != 0)
+    out.exit_code = 128 + out.stop_signal;
+  else {
+    out.exit_code = rank_stop_status;
+    for (const auto& r : ranks)
+      if (failed(r.status) && !stopped_on_request(r.status)) out.exit_code = 1;
+  }
+  return out;
+}
+
+int launch(const RunArgs& a) {
+  validate(a);
+  Launcher l{a, comm::current_environment(), "", {}, {}};
+  l.secret = l.base_env.contains("LOOM_JOB_SECRET") ? l.base_env["LOOM_JOB_SECRET"] : "";
+  if (a.nnodes > 1 && l.secret.empty())
+    throw ConfigError(
+        "loom run: a multi-node job needs the same LOOM_JOB_SECRET on every node: export "
+        "LOOM_JOB_SECRET=$(head -c32 /dev/urandom | xxd -p -c64) and pass it to every node's `loom run`");
+  if (a.nnodes > 1 && a.master_port == 0)
+    throw ConfigError("loom run: a multi-node job needs --master-port (the same on every node), e.g. --master-port 29500");
+  if (l.secret.empty()) l.secret = comm::make_job_secret();
+  l.base_env.erase("OMPI_COMM_WORLD_RANK");  // a loom-run job is not an mpirun job, even when nested in one
+  l.base_env.erase("SLURM_PROCID");
+
+  // Signals are blocked before any thread exists (threads inherit the mask): otherwise the store's
+  // thread could take a SIGINT meant for the watch loop and die of it, taking the launcher along.
+  const bool watch_hup = !ignored(SIGHUP);
+  l.handled = watched_signals(watch_hup);
+  ::sigprocmask(SIG_BLOCK, &l.handled, &l.old_mask);
+  // An ignored SIGINT (a shell's background job) must still reach the loop; an ignored SIGCHLD would
+  // make the kernel reap the ranks before we could see how they ended.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGCHLD, SIG_DFL);
+  auto restore_mask = [&] {
+    // Drain what arrived meanwhile, so an unblocked pending SIGINT cannot kill us after the report.
+    timespec zero{0, 0};
+    while (::sigtimedwait(&l.handled, nullptr, &zero) > 0) {
+    }
+    ::sigprocmask(SIG_SETMASK, &l.old_mask, nullptr);
+  };
+
+  Attempt last;
+  int restarts = 0;
+  try {
+    for (int restart = 0;; ++restart) {
+      restarts = restart;
+      last = l.run(restart);
+      if (!last.failure || last.stop_signal != 0 || restart >= a.max_restarts) break;
+      // A stop asked for between attempts wins over the restart.
+      timespec zero{0, 0};
+      siginfo_t info;
+      const int sig = ::sigtimedwait(&l.handled, &info, &zero);
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+        std::fprintf(stderr, "loom run: received SIG%s: not restarting\n", sigabbrev_np(sig));
+        last.stop_signal = sig;
+        break;
+      }
+      std::fprintf(stderr,
+                   "loom run: restarting the job (restart %d of %d) after %s; `loom train` continues from its "
+                   "latest complete checkpoint\n",
+                   restart + 1, a.max_restarts, last.failure->c_str());
+    }
+  } catch (...) {
+    restore_mask();
+    throw;
+  }
   restore_mask();
-  if (failure) {
-    std::fprintf(stderr, "loom run: job failed: %s\n", failure->c_str());
+  if (last.failure) {
+    std::fprintf(stderr, "loom run: job failed%s: %s\n",
+                 restarts > 0 ? fmt::format(" after {} restart(s)", restarts).c_str() : "",
+                 last.failure->c_str());
     return 1;
   }
-  if (stop_signal != 0) return 128 + stop_signal;
-  for (const auto& r : ranks)
-    if (failed(r.status) && !stopped_on_request(r.status)) return 1;
-  return rank_stop_status;
+  return last.exit_code;
 }
 
 }  // namespace
@@ -355,6 +424,10 @@ void register_run(CLI::App& app, Action& action) {
   cmd->add_option("--stop-timeout", args->stop_timeout_s,
                   "seconds ranks get to finish (e.g. save a checkpoint) after Ctrl-C, before SIGKILL (default 60)")
       ->check(finite_range(0, 86400));
+  cmd->add_option("--max-restarts", args->max_restarts,
+                  "when a rank fails or dies (or the hang watchdog fires), stop the job and start it again, at most "
+                  "K times (one node; `loom train` continues from its latest complete checkpoint); default 0")
+      ->check(finite_range(0, 10000));
   cmd->add_option("command", args->command, "the command each rank runs (after --); `loom` means this binary")
       ->required();
   cmd->positionals_at_end();

@@ -93,6 +93,7 @@ JobEnv read_job_env(const std::map<std::string, std::string>& env) {
     job.rank = required_int(env, "LOOM_RANK", why, 0, kMaxRanks);
     job.local_world_size = int_var(env, "LOOM_LOCAL_WORLD_SIZE", 1, kMaxRanks).value_or(job.world_size);
     job.local_rank = int_var(env, "LOOM_LOCAL_RANK", 0, kMaxRanks).value_or(job.rank);
+    job.restart_count = int_var(env, "LOOM_RESTART_COUNT", 0, 1 << 20).value_or(0);
   } else if (env.contains("OMPI_COMM_WORLD_RANK")) {
     job.launcher = Launcher::kMpi;
     const std::string why = "mpirun sets it with OMPI_COMM_WORLD_RANK";

@@ -25,6 +25,8 @@ struct JobEnv {
   std::string job_id;
   // LOOM_NODE_ID forces node boundaries (so the hierarchical path runs on one machine); -1 = unset.
   int forced_node_id = -1;
+  // LOOM_RESTART_COUNT: which start of the job this is (`loom run --max-restarts`; 0: the first).
+  int restart_count = 0;
 };
 
 // Reads the job from `env` (normally the process environment). Precedence: LOOM_* (set by `loom

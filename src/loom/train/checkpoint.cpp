@@ -86,7 +86,7 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resumin
   // The folder is created by the first save: a run that never saves leaves nothing behind.
   std::error_code ec;
   if (resuming) {
-    if (auto l = latest()) run_id_ = read_checkpoint_manifest(*l).run_id;
+    if (auto l = newest_complete_checkpoint(dir_)) run_id_ = read_checkpoint_manifest(*l).run_id;
   } else if (holds_checkpoints(dir_)) {
     throw ConfigError("checkpoint.dir '" + dir_ + "' already holds checkpoints of another run; pass --resume to " +
                       "continue that run, or choose another --save-dir (nothing was overwritten)");
@@ -97,11 +97,38 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resumin
     if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
 }
 
-std::optional<std::string> CheckpointManager::latest() const {
-  std::ifstream in(fs::path(dir_) / "latest");
+std::optional<std::string> CheckpointManager::latest() const { return latest_in(dir_); }
+
+std::optional<std::string> CheckpointManager::latest_in(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "latest");
   std::string name;
   if (!(in >> name)) return std::nullopt;
-  return (fs::path(dir_) / name).string();
+  return (fs::path(dir) / name).string();
+}
+
+std::optional<std::string> newest_complete_checkpoint(const std::string& dir) {
+  std::optional<std::string> run;
+  if (auto l = CheckpointManager::latest_in(dir)) {
+    try {
+      run = read_checkpoint_manifest(*l).run_id;
+    } catch (const Error&) {
+      // `latest` names a damaged folder: any complete one will do.
+    }
+  }
+  std::optional<std::pair<int64_t, std::string>> best;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind("step-", 0) != 0) continue;
+    try {
+      const auto m = read_checkpoint_manifest(e.path().string());
+      if (run && m.run_id != *run) continue;
+      if (!best || m.step > best->first) best = {m.step, e.path().string()};
+    } catch (const Error&) {
+      // Damaged or foreign: never a checkpoint to continue from.
+    }
+  }
+  if (!best) return std::nullopt;
+  return best->second;
 }
 
 std::string CheckpointManager::save(Trainer& trainer, int64_t step) {

@@ -28,6 +28,8 @@ class CheckpointManager {
   std::string save(Trainer& trainer, int64_t step);
   // The checkpoint `latest` points at, if any.
   std::optional<std::string> latest() const;
+  static std::optional<std::string> latest_in(const std::string& dir);
+
   const std::string& run_id() const { return run_id_; }
   const std::string& dir() const { return dir_; }
 
@@ -38,6 +40,11 @@ class CheckpointManager {
   int64_t keep_;
   std::string run_id_;
 };
+
+// The newest complete checkpoint in `dir`: the highest step-N folder whose manifest reads (a folder
+// exists only once its save was whole), of the run `latest` names when it names one. A crash between a
+// save's rename and its `latest` update leaves that newer folder, which this finds.
+std::optional<std::string> newest_complete_checkpoint(const std::string& dir);
 
 struct ResumeReport {
   int64_t step = 0;

@@ -54,6 +54,34 @@ MetricsLog::MetricsLog(const std::string& out_dir, bool append)
   if (!file_) throw IoError("cannot write metrics log '" + path_ + "': check train.out_dir is writable");
 }
 
+void MetricsLog::drop_after(int64_t step) {
+  std::ifstream in(path_);
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    // A line cut short by a crash is dropped with the steps after the checkpoint.
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+      kept += line + "\n";
+    else
+      dropped = true;
+  }
+  in.close();
+  if (!dropped) return;
+  file_.reset();
+  const fs::path tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    if (!out) throw IoError("cannot write '" + tmp.string() + "' (disk full or read-only?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path_, ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + path_ + "': " + ec.message());
+  file_.reset(std::fopen(path_.c_str(), "a"));
+  if (!file_) throw IoError("cannot write metrics log '" + path_ + "': check train.out_dir is writable");
+}
+
 void MetricsLog::write(const StepMetrics& s) {
   nlohmann::json j{{"step", s.step},           {"loss", s.loss},
                    {"lr", s.lr},               {"grad_norm", s.grad_norm},

@@ -28,6 +28,9 @@ class MetricsLog {
   // Throws IoError naming the path.
   MetricsLog(const std::string& out_dir, bool append);
   void write(const StepMetrics& s);
+  // Resuming from the checkpoint of `step`: the lines of later steps (a crashed attempt logged them
+  // before it died; they run again) are removed, so every step appears once.
+  void drop_after(int64_t step);
   const std::string& path() const { return path_; }
 
  private:

@@ -20,6 +20,7 @@
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/trace_merge.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_manifest.h"
 #include "loom/train/preemption.h"
 #include "loom/train/rank_agreement.h"
 #include "loom/train/run_log.h"
@@ -151,7 +152,21 @@ SessionSummary Session::run() {
                                                cfg.parallel.tp_overlap ? "on" : "off")
                                  : std::string()));
 
-  const bool resuming = o.resume || !o.resume_from.empty();
+  // A job that `loom run --max-restarts` started again continues from the newest complete checkpoint
+  // of checkpoint.dir (the failed attempt's, or the one it resumed from), or starts from step 0 again
+  // when there is none. Every rank decides alike: the ranks of the failed attempt are all gone.
+  std::string resume_from = o.resume_from;
+  if (job.restart_count > 0) {
+    if (auto newest = newest_complete_checkpoint(cfg.checkpoint.dir);
+        newest && (resume_from.empty() ||
+                   read_checkpoint_manifest(*newest).step >= read_checkpoint_manifest(resolve_checkpoint(resume_from)).step))
+      resume_from = *newest;
+    say(fmt::format("restart {} of the job: {}", job.restart_count,
+                    resume_from.empty() && !o.resume ? "no checkpoint was saved, starting again from step 0"
+                                                     : "continuing from " + (resume_from.empty() ? cfg.checkpoint.dir
+                                                                                                   : resume_from)));
+  }
+  const bool resuming = o.resume || !resume_from.empty();
   std::optional<MetricsLog> log;
   if (sum.lead) {
     write_run_manifest(cfg.train.out_dir, cfg, id);
@@ -174,12 +189,13 @@ SessionSummary Session::run() {
     say("note: --check-replicas has nothing to compare under parallel.zero = 3 (no state is replicated); skipped");
   CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming);
   if (resuming) {
-    std::string from = !o.resume_from.empty() ? o.resume_from : checkpoints.latest().value_or("");
+    std::string from = !resume_from.empty() ? resume_from : checkpoints.latest().value_or("");
     if (from.empty())
       throw IoError("--resume: no checkpoint in '" + cfg.checkpoint.dir + "' (its `latest` file is missing); " +
                     "train without --resume, or point --resume-from at a checkpoint");
     auto report = load_checkpoint(from, trainer);
     say(fmt::format("resumed from {} at step {}", resolve_checkpoint(from), report.step));
+    if (log) log->drop_after(report.step);
     if (!report.changed_keys.empty()) {
       std::string keys;
       for (auto& k : report.changed_keys) keys += (keys.empty() ? "" : ", ") + k;
