@@ -95,6 +95,9 @@ TEST(Checkpoint, StochasticRoundingResumesBitwise) {
   for (auto& d : {whole, again}) fs::remove_all(d);
 }
 
+// A kill at each phase of a save (and at a random byte of its tensor data) leaves the previous
+// checkpoint whole and `latest` on it; the run then resumes. Synchronous saves, and asynchronous ones
+// (the periodic save of step 4 dies on the background thread while training goes on).
 TEST(Checkpoint, AKillAtAnyPhaseOfASaveLeavesThePreviousCheckpointLoadable) {
   std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
   const unsigned seed = rng();
@@ -102,23 +105,28 @@ TEST(Checkpoint, AKillAtAnyPhaseOfASaveLeavesThePreviousCheckpointLoadable) {
   std::mt19937 pick(seed);
   std::vector<std::string> faults = {"tensor_data", "manifest", "fsync", "rename", "latest"};
   for (int i = 0; i < 2; ++i) faults.push_back("bytes:" + std::to_string(1 + pick() % 900000));
-  for (const auto& fault : faults) {
-    SCOPED_TRACE(fault);
-    auto root = loom::test::scratch_dir("ck-kill");
-    ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
-    ASSERT_EQ(latest(root), "step-00000002");
-    auto killed = run_loom(train_args(root, 4, "--resume"), "LOOM_FAULT_INJECT=" + fault);
-    EXPECT_EQ(killed.rc, 86) << killed.err;  // the injected crash
-    EXPECT_EQ(latest(root), "step-00000002") << "latest moved before the new checkpoint was durable";
-    auto resumed = run_loom(train_args(root, 4, "--resume"));
-    EXPECT_EQ(resumed.rc, 0) << resumed.err;
-    EXPECT_NE(resumed.err.find("resumed from " + (root / "ck" / "step-00000002").string()), std::string::npos)
-        << resumed.err;
-    EXPECT_EQ(latest(root), "step-00000004");
-    for (auto& e : fs::directory_iterator(root / "ck"))
-      EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "a crashed save's folder was left behind";
-    fs::remove_all(root);
-  }
+  for (const bool async : {false, true})
+    for (const auto& fault : faults) {
+      SCOPED_TRACE(fault + (async ? " (asynchronous)" : ""));
+      auto root = loom::test::scratch_dir("ck-kill");
+      ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+      ASSERT_EQ(latest(root), "step-00000002");
+      const int steps = async ? 6 : 4;
+      const std::string resume = async ? "--resume --set checkpoint.async=true" : "--resume";
+      auto killed = run_loom(train_args(root, steps, resume), "LOOM_FAULT_INJECT=" + fault);
+      EXPECT_EQ(killed.rc, 86) << killed.err;  // the injected crash
+      EXPECT_EQ(latest(root), "step-00000002") << "latest moved before the new checkpoint was durable";
+      auto inspect = run_loom("ckpt inspect " + (root / "ck").string());
+      EXPECT_EQ(inspect.rc, 0) << inspect.out << inspect.err;
+      auto resumed = run_loom(train_args(root, steps, resume));
+      EXPECT_EQ(resumed.rc, 0) << resumed.err;
+      EXPECT_NE(resumed.err.find("resumed from " + (root / "ck" / "step-00000002").string()), std::string::npos)
+          << resumed.err;
+      EXPECT_EQ(latest(root), async ? "step-00000006" : "step-00000004");
+      for (auto& e : fs::directory_iterator(root / "ck"))
+        EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "a crashed save's folder was left behind";
+      fs::remove_all(root);
+    }
 }
 
 // A restarted job (`loom run --max-restarts`: LOOM_RESTART_COUNT > 0) continues from the newest complete
@@ -147,17 +155,46 @@ TEST(Checkpoint, ARestartContinuesFromTheNewestCompleteSaveEvenWhenLatestLagsBeh
   EXPECT_NE(again.err.find("no checkpoint was saved, starting again from step 0"), std::string::npos) << again.err;
 }
 
+// A full disk fails the save with a clear error and keeps the previous checkpoint: a synchronous save at
+// once; an asynchronous one (step 4's, on the background thread) at the next step boundary.
 TEST(Checkpoint, AFullDiskFailsTheSaveWithAClearErrorAndKeepsThePreviousOne) {
-  auto root = loom::test::scratch_dir("ck-full");
-  ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
-  // 300 KiB per file: the metrics fit, tiny's 1 MB model.safetensors does not.
-  auto r = run_loom(train_args(root, 4, "--resume"), "ulimit -f 300;");
-  EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.err.find("file too large"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("previous checkpoint"), std::string::npos) << r.err;
-  EXPECT_EQ(latest(root), "step-00000002");
-  EXPECT_EQ(run_loom(train_args(root, 4, "--resume")).rc, 0);
-  fs::remove_all(root);
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous" : "synchronous");
+    auto root = loom::test::scratch_dir("ck-full");
+    ASSERT_EQ(run_loom(train_args(root, 2)).rc, 0);
+    // 300 KiB per file: the metrics fit, tiny's 1 MB model.safetensors does not.
+    auto r = run_loom(train_args(root, async ? 8 : 4, async ? "--resume --set checkpoint.async=true" : "--resume"),
+                      "ulimit -f 300;");
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("saving the checkpoint of step 4 failed"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("file too large"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("previous checkpoint"), std::string::npos) << r.err;
+    EXPECT_EQ(latest(root), "step-00000002");
+    EXPECT_EQ(run_loom(train_args(root, 4, "--resume")).rc, 0);
+    fs::remove_all(root);
+  }
+}
+
+// checkpoint.async: periodic saves are copied at the step boundary and written behind training.
+TEST(Checkpoint, AsynchronousSavesAreBitwiseTheSynchronousOnesUnderDataParallelism) {
+  auto sync = loom::test::scratch_dir("ck-sync"), async = loom::test::scratch_dir("ck-async");
+  const std::string dp = " --set parallel.dp=2 --set parallel.zero=1 --set train.batch_size=4";
+  ASSERT_EQ(run_loom("run -n 2 -- " LOOM_BINARY " " + train_args(sync, 6) + dp).rc, 0);
+  auto r = run_loom("run -n 2 -- " LOOM_BINARY " " + train_args(async, 6) + dp + " --set checkpoint.async=true");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("checkpoint saved: " + (async / "ck" / "step-00000002").string() + " (written behind training)"),
+            std::string::npos) << r.err;
+  for (const char* step : {"step-00000002", "step-00000004", "step-00000006"})
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      auto read = [&](const fs::path& root) {
+        std::ifstream f(root / "ck" / step / file, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(f), {});
+      };
+      EXPECT_FALSE(read(async).empty()) << step << " " << file;
+      EXPECT_TRUE(read(sync) == read(async)) << step << " " << file;
+    }
+  EXPECT_EQ(losses(sync), losses(async));
+  EXPECT_EQ(latest(async), "step-00000006");
 }
 
 TEST(Checkpoint, ACorruptedByteIsDetectedAndNamesTheTensor) {

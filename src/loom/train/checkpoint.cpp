@@ -55,31 +55,6 @@ bool holds_checkpoints(const fs::path& dir) {
   return false;
 }
 
-struct Tensors {
-  std::vector<SafetensorsEntry> model, optimizer;
-  json index = json::array();
-};
-
-// One entry per tensor: the model file holds masters by parameter name, the optimizer file
-// "exp_avg.<name>" / "exp_avg_sq.<name>" (PyTorch's AdamW state names).
-Tensors collect(Trainer& t) {
-  Tensors out;
-  const auto moments = t.full_moments();
-  const float* master = t.full_master();
-  for (const auto& p : t.full_table().params()) {
-    auto add = [&](std::vector<SafetensorsEntry>& file, const char* file_name, const std::string& key, const float* data) {
-      size_t bytes = static_cast<size_t>(p.numel()) * sizeof(float);
-      file.push_back({key, DType::F32, p.shape, data, bytes});
-      out.index.push_back({{"name", key}, {"param", p.name}, {"file", file_name}, {"dtype", "F32"}, {"shape", p.shape},
-                           {"placement", p.placement.str()}, {"checksum", checksum_hex(checksum64(data, bytes))}});
-    };
-    add(out.model, "model.safetensors", p.name, master + p.offset);
-    add(out.optimizer, "optimizer.safetensors", "exp_avg." + p.name, moments.m + p.offset);
-    add(out.optimizer, "optimizer.safetensors", "exp_avg_sq." + p.name, moments.v + p.offset);
-  }
-  return out;
-}
-
 }  // namespace
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resuming) : dir_(std::move(dir)), keep_(keep) {
@@ -131,9 +106,59 @@ std::optional<std::string> newest_complete_checkpoint(const std::string& dir) {
   return best->second;
 }
 
-std::string CheckpointManager::save(Trainer& trainer, int64_t step) {
+CheckpointImage CheckpointManager::capture(Trainer& t, int64_t step, Tensor* copy_into, Allocator* alloc) const {
+  CheckpointImage img;
+  img.step = step;
+  const auto moments = t.full_moments();
+  const float* master = t.full_master();
+  const auto& params = t.full_table().params();
+  // An asynchronous save copies the state first: training goes on changing the trainer's.
+  const float *m = moments.m, *v = moments.v;
+  if (copy_into) {
+    const int64_t n = t.full_table().total_numel();
+    if (!copy_into->defined() || copy_into->numel() != 3 * n) {
+      if (!alloc) throw Error("internal: a checkpoint copy needs an allocator");
+      *copy_into = Tensor::empty({3 * n}, DType::F32, *alloc, MemCategory::Workspace);
+    }
+    img.owned = *copy_into;
+    float* dst = img.owned.data<float>();
+    std::memcpy(dst, master, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(dst + n, moments.m, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(dst + 2 * n, moments.v, static_cast<size_t>(n) * sizeof(float));
+    master = dst, m = dst + n, v = dst + 2 * n;
+  }
+  // One entry per tensor: the model file holds masters by parameter name, the optimizer file
+  // "exp_avg.<name>" / "exp_avg_sq.<name>" (PyTorch's AdamW state names).
+  for (const auto& p : params) {
+    auto add = [&](std::vector<SafetensorsEntry>& file, const char* file_name, const std::string& key, const float* data) {
+      file.push_back({key, DType::F32, p.shape, data, static_cast<size_t>(p.numel()) * sizeof(float)});
+      img.index.push_back({{"name", key}, {"param", p.name}, {"file", file_name}, {"dtype", "F32"}, {"shape", p.shape},
+                           {"placement", p.placement.str()}});
+    };
+    add(img.model, "model.safetensors", p.name, master + p.offset);
+    add(img.optimizer, "optimizer.safetensors", "exp_avg." + p.name, m + p.offset);
+    add(img.optimizer, "optimizer.safetensors", "exp_avg_sq." + p.name, v + p.offset);
+  }
+  const auto& data = t.data();
+  img.tokenizer_file = data.tokenizer_file();
+  img.tokenizer_hash = data.tokenizer_hash();
+  const auto& cfg = t.config();
+  img.facts = {{"world", {{"ranks", cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp},
+                          {"layout", {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp},
+                                      {"cp", cfg.parallel.cp}, {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero}}}}},
+               {"optimizer", {{"type", "adamw"}, {"steps", t.optimizer().steps_taken()}}},
+               {"schedule", {{"step", step}}},
+               {"data", {{"source", cfg.data.source}, {"seed", cfg.train.seed},
+                         {"next_sample", step * cfg.train.batch_size}}},
+               {"config_toml", cfg.to_toml()}};
+  return img;
+}
+
+std::string CheckpointManager::save(Trainer& trainer, int64_t step) { return write(capture(trainer, step)); }
+
+std::string CheckpointManager::write(const CheckpointImage& img) {
   const fs::path dir(dir_);
-  const std::string name = step_name(step);
+  const std::string name = step_name(img.step);
   const fs::path tmp = dir / (".tmp-" + name + "-" + std::to_string(::getpid()));
   const fs::path final_path = dir / name;
   auto previous = latest();
@@ -143,42 +168,38 @@ std::string CheckpointManager::save(Trainer& trainer, int64_t step) {
     if (ec) throw IoError("cannot create checkpoint.dir '" + dir_ + "': " + ec.message());
     fs::remove_all(tmp, ec);
     if (!fs::create_directory(tmp, ec)) throw IoError("cannot create '" + tmp.string() + "': " + ec.message());
-    Tensors t = collect(trainer);
     SafetensorsWriteOptions opts;
     opts.sync = true;
     if (uint64_t limit = fault_byte_limit())
       opts.on_progress = [limit](uint64_t n) {
         if (n >= limit) std::_Exit(86);
       };
-    write_safetensors((tmp / "model.safetensors").string(), t.model, {{"format", "pt"}}, opts);
+    write_safetensors((tmp / "model.safetensors").string(), img.model, {{"format", "pt"}}, opts);
     fault_point("tensor_data");
-    write_safetensors((tmp / "optimizer.safetensors").string(), t.optimizer, {}, opts);
+    write_safetensors((tmp / "optimizer.safetensors").string(), img.optimizer, {}, opts);
 
-    const auto& data = trainer.data();
     json tokenizer = nullptr;
-    if (!data.tokenizer_file().empty()) {
-      fs::copy_file(data.tokenizer_file(), tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
-      if (ec) throw IoError("cannot copy the tokenizer '" + data.tokenizer_file() + "': " + ec.message());
-      tokenizer = {{"file", "tokenizer.model"}, {"hash", data.tokenizer_hash()}};
+    if (!img.tokenizer_file.empty()) {
+      fs::copy_file(img.tokenizer_file, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+      if (ec) throw IoError("cannot copy the tokenizer '" + img.tokenizer_file + "': " + ec.message());
+      tokenizer = {{"file", "tokenizer.model"}, {"hash", img.tokenizer_hash}};
     }
-    const auto& cfg = trainer.config();
+    // Every tensor's checksum, in the index's order (model, exp_avg, exp_avg_sq per parameter).
+    json index = img.index;
+    for (size_t i = 0; i < index.size(); ++i) {
+      const SafetensorsEntry& e = i % 3 == 0 ? img.model[i / 3] : img.optimizer[2 * (i / 3) + (i % 3) - 1];
+      index[i]["checksum"] = checksum_hex(checksum64(e.data, e.nbytes));
+    }
     json manifest{{"format", kCheckpointFormat},
                   {"version", kCheckpointVersion},
-                  {"step", step},
+                  {"step", img.step},
                   {"run_id", run_id_},
                   {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
-                                       std::chrono::system_clock::now().time_since_epoch()).count()},
-                  // Whole tensors whatever the layout: what the run was trained with, for the record.
-                  {"world", {{"ranks", cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp},
-                             {"layout", {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp},
-                                         {"cp", cfg.parallel.cp}, {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero}}}}},
-                  {"optimizer", {{"type", "adamw"}, {"steps", trainer.optimizer().steps_taken()}}},
-                  {"schedule", {{"step", step}}},
-                  {"data", {{"source", cfg.data.source}, {"seed", cfg.train.seed},
-                            {"next_sample", step * cfg.train.batch_size}}},
-                  {"tokenizer", tokenizer},
-                  {"config_toml", cfg.to_toml()},
-                  {"tensors", t.index}};
+                                       std::chrono::system_clock::now().time_since_epoch()).count()}};
+    // Whole tensors whatever the layout: what the run was trained with, for the record.
+    for (const auto& [k, v] : img.facts.items()) manifest[k] = v;
+    manifest["tokenizer"] = tokenizer;
+    manifest["tensors"] = index;
     fault_point("manifest");
     {
       std::string text = manifest.dump(1);
@@ -199,7 +220,7 @@ std::string CheckpointManager::save(Trainer& trainer, int64_t step) {
   } catch (const Error& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
-    throw IoError(std::string("saving the checkpoint of step ") + std::to_string(step) + " failed: " + e.what() +
+    throw IoError(std::string("saving the checkpoint of step ") + std::to_string(img.step) + " failed: " + e.what() +
                   (previous ? "; the previous checkpoint '" + *previous + "' is intact" : "; no earlier checkpoint exists"));
   }
   prune(final_path.string());

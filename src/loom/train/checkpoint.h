@@ -13,9 +13,24 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "loom/core/safetensors.h"
 #include "loom/train/trainer.h"
 
 namespace loom::train {
+
+// What one save writes, taken from a trainer at a step boundary: its tensors (pointing into the
+// trainer's gathered state, or into `owned`, a copy that outlives the step for an asynchronous write)
+// and the facts of its manifest. Checksums are computed when it is written.
+struct CheckpointImage {
+  int64_t step = 0;
+  std::vector<SafetensorsEntry> model, optimizer;
+  nlohmann::json index = nlohmann::json::array();  // per tensor, in model / exp_avg / exp_avg_sq order
+  nlohmann::json facts;                            // layout, optimizer, schedule, data, config
+  std::string tokenizer_file, tokenizer_hash;
+  Tensor owned;                                    // the copied state (asynchronous saves)
+};
 
 class CheckpointManager {
  public:
@@ -26,6 +41,13 @@ class CheckpointManager {
   // Saves the trainer's state after `step` completed steps; returns the checkpoint's path. On
   // failure throws IoError saying what failed and that the previous checkpoint is intact.
   std::string save(Trainer& trainer, int64_t step);
+  // save() in two halves. capture: the trainer's gathered state after `step` (rank 0, between
+  // gather_full_state and release_full_state); with `copy_into` the tensors are copied into that buffer
+  // (allocated from `alloc` as Workspace the first time, then reused: a fresh 100 MB buffer costs more
+  // in page faults than the copy) so training may go on. write: the files, atomically as above; it
+  // touches nothing of the trainer and may run on another thread, one write at a time.
+  CheckpointImage capture(Trainer& trainer, int64_t step, Tensor* copy_into = nullptr, Allocator* alloc = nullptr) const;
+  std::string write(const CheckpointImage& image);
   // The checkpoint `latest` points at, if any.
   std::optional<std::string> latest() const;
   static std::optional<std::string> latest_in(const std::string& dir);

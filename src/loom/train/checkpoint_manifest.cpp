@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loom/core/file_reader.h"
 #include "loom/error.h"
 
 namespace loom::train {
@@ -93,11 +94,7 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
 
 CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "manifest.json").string();
-  std::ifstream in(path);
-  if (!in) throw IoError("cannot read '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_checkpoint_manifest(text.str(), path);
+  return parse_checkpoint_manifest(read_file(path), path);
 }
 
 }  // namespace loom::train

@@ -119,20 +119,6 @@ CorpusFiles find_corpus_files(const std::vector<std::string>& inputs) {
   return out;
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot read '" + path.string() + "': check that it exists and is readable");
-  std::string s;
-  in.seekg(0, std::ios::end);
-  const auto size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size > 0) s.resize(static_cast<size_t>(size));
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  if (!in && !in.eof()) throw IoError("error while reading '" + path.string() + "'");
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
-}
-
 std::vector<std::string> split_documents(std::string_view text) {
   // Lines without their '\n'.
   std::vector<std::string_view> lines;

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/core/file_reader.h"
+
 namespace loom::train {
 
 struct CorpusFile {
@@ -35,9 +37,6 @@ struct CorpusFiles {
 // links). A file named explicitly must be text. Throws IoError naming the input
 // when it is missing, binary, or when no text file is found.
 CorpusFiles find_corpus_files(const std::vector<std::string>& inputs);
-
-// Reads a whole file. Throws IoError naming it.
-std::string read_file(const std::filesystem::path& path);
 
 // Cuts one file's text into documents. Fortune files (any line that is exactly
 // "%") are cut at those lines; other text is cut at blank lines (paragraphs).

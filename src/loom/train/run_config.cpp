@@ -190,6 +190,9 @@ const std::vector<Field>& fields() {
       LOOM_STRING("checkpoint.dir", checkpoint.dir, "directory of this run's checkpoints (step-NNNNNNNN/ and `latest`)"),
       LOOM_INT("checkpoint.save_every", checkpoint.save_every, 0, kMaxCount, "steps between checkpoints (0: only on SIGTERM)"),
       LOOM_INT("checkpoint.keep", checkpoint.keep, 0, 1048576, "keep the newest K checkpoints of this run (0: all)"),
+      LOOM_BOOL("checkpoint.async", checkpoint.async,
+                "periodic saves: rank 0 copies the state at the step boundary and writes it on a background thread "
+                "while training goes on (the last and a preempted run's saves are waited for)"),
       LOOM_STRING("trace.file", trace.file, "write a Chrome/Perfetto trace JSON here (empty: no trace)"),
       LOOM_BOOL("trace.summary", trace.summary, "print time per kernel at the end of the run"),
       LOOM_INT("parallel.dp", parallel.dp, 1, 65536, "data-parallel degree"),

@@ -57,6 +57,7 @@ struct CheckpointSection {
   std::string dir = "checkpoints";
   int64_t save_every = 0;  // 0: no periodic checkpoints (SIGTERM still saves one)
   int64_t keep = 0;        // 0: keep all; else prune this run's older checkpoints beyond the newest K
+  bool async = false;      // rank 0 copies the state and writes it on a background thread
 };
 
 struct TraceSection {

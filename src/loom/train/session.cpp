@@ -19,6 +19,7 @@
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/trace_merge.h"
+#include "loom/train/async_checkpoint.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_manifest.h"
 #include "loom/train/preemption.h"
@@ -231,6 +232,12 @@ SessionSummary Session::run() {
     std::ofstream out(dir / fmt::format("rank-{}.json", world->rank()));
     out << nlohmann::json{{"rank", world->rank()}, {"groups", groups}}.dump(1) << "\n";
   };
+  AsyncCheckpointWriter writer(checkpoints);
+  auto report_saved = [&](std::optional<AsyncCheckpointWriter::Saved> saved) {
+    if (!saved) return;
+    say("checkpoint saved: " + saved->path + " (written behind training)");
+    sum.saved_step = std::max(sum.saved_step, saved->step);
+  };
   try {
     trainer.run([&](const StepMetrics& s) {
       if (log) log->write(s);
@@ -255,18 +262,29 @@ SessionSummary Session::run() {
         sum.stop_signal = flag;
       }
       const bool preempted = sum.stop_signal != 0;
+      if (sum.lead) report_saved(writer.finished());
       if (periodic || final || preempted) {
         // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
         trainer.gather_full_state();
+        // Asynchronous: a periodic save is a copy here and a write behind the next steps; the last one
+        // and a preempted run's are written before the run ends (waiting for one in flight first).
+        const bool behind = cfg.checkpoint.async && periodic && !final && !preempted;
         if (sum.lead) {
-          profile::Span span(&tracer, "checkpoint_save", profile::Category::Host);
-          say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+          profile::Span span(&tracer, behind ? "checkpoint_snapshot" : "checkpoint_save", profile::Category::Host);
+          if (behind) {
+            report_saved(writer.wait());  // the copy buffer is free again
+            writer.submit(checkpoints.capture(trainer, s.step, &writer.buffer(), &backend.allocator()));
+          } else {
+            report_saved(writer.wait());
+            say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+          }
         }
         trainer.release_full_state();
         // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
-        // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save.
-        if (world) world->group().barrier(comm::kSaveTimeout).wait();
-        sum.saved_step = s.step;
+        // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save. Behind
+        // training, nobody waits.
+        if (world && !behind) world->group().barrier(comm::kSaveTimeout).wait();
+        if (!behind) sum.saved_step = s.step;
       }
       if (preempted) return false;
       if (s.step > warmup) {
@@ -294,6 +312,7 @@ SessionSummary Session::run() {
     }
     throw;
   }
+  if (sum.lead) report_saved(writer.wait());
   const bool preempted = sum.stop_signal != 0;
   if (preempted) {
     const char* abbrev = sigabbrev_np(sum.stop_signal);
