@@ -288,3 +288,41 @@ TEST(Hardware, BadClusterOrFileIsAOneLineConfigError) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
   }
 }
+
+// tp beyond the KV heads (Llama 3 70B: 8 KV heads at tp 16, the usual Trainium layout) replicates each
+// KV head over tp / n_kv_heads ranks (NeuronX Distributed): the layout is accepted; each rank holds and
+// computes one head's K and V projections (the weights and the executed FLOPs grow by exactly that);
+// the replicas' K and V weight gradients are summed once per step; tp and KV heads that divide neither
+// way are still refused.
+TEST(KvReplication, TpBeyondTheKvHeadsReplicatesThemAndPricesIt) {
+  Job j = megatron_job("llama3-70b", 64, 64);
+  j.cluster = resolve_cluster("trn1:64", kDirs);
+  j.software = Software{};
+  j.seq = 4096;
+  const auto& c = j.model.cfg;
+  Layout l16{.dp = 1, .tp = 16, .pp = 4, .micro_batch = 1, .sp = true};
+  EXPECT_TRUE(check_layout(l16, j).ok()) << check_layout(l16, j).why;
+  // Weights: one replicated head's K and V per rank instead of 8/16 of a head.
+  const double kv_head = 2.0 * c.head_dim() * c.d_model, layers16 = c.n_layers / 4.0;
+  const double dense = static_cast<double>(count_params(j.model).per_layer);
+  EXPECT_NEAR(stage_params(l16, j, false).dense - static_cast<double>(count_params(j.model).embedding) / 16,
+              layers16 * (dense / 16 + kv_head * (1 - 8.0 / 16)), 1.0);
+  // Executed FLOPs: at tp 8 every rank projects one KV head, at tp 16 too -- eight more heads' K and V
+  // in all, forward and backward (3 passes), every layer and micro-batch.
+  Layout a = l16, b = l16;
+  b.tp = 8, b.pp = 4, b.dp = 2;  // the same step on half the tp (executed FLOPs are the whole step's)
+  const double m = static_cast<double>(micro_batches(a, j));
+  const double n = static_cast<double>(j.seq) * a.micro_batch;
+  const double extra = 3.0 * 2 * n * c.d_model * 2 * c.head_dim() * (16 - 8) * c.n_layers * m;
+  EXPECT_NEAR(step_time(a, j).hardware_flops - step_time(b, j).hardware_flops, extra, 1e-9 * extra);
+  // The replicas' gradient sum is exposed communication that split KV heads do not have.
+  Job split = j;
+  split.model.cfg.n_kv_heads = 16;
+  EXPECT_GT(step_time(l16, j).tp, step_time(l16, split).tp);
+  // Neither divides the other: refused, naming both.
+  Job odd = j;
+  odd.model.cfg.n_kv_heads = 6, odd.model.cfg.n_heads = 48, odd.model.cfg.d_model = 6144;
+  const Verdict v = check_layout(l16, odd);
+  EXPECT_FALSE(v.ok());
+  EXPECT_NE(v.why.find("6 KV heads"), std::string::npos) << v.why;
+}

@@ -71,6 +71,16 @@ TEST(Search, FixedKnobsAreHonoured) {
     EXPECT_EQ(c.layout.tp, 8);
     EXPECT_EQ(c.layout.recompute, Recompute::Selective);
   }
+  EXPECT_TRUE(r.warnings.empty());
+  // A pinned tp the search would not try (across the 8-GPU nodes) is priced as asked, its all-reduces
+  // on the inter-node network, and said so.
+  Fixed across;
+  apply_fix(across, "tp=16");
+  auto wide = search(job("gpt3-175b", "a100:64", 2048, 128), across, 5);
+  ASSERT_EQ(wide.warnings.size(), 1u);
+  EXPECT_NE(wide.warnings[0].find("--fix tp=16 is a layout the search does not try"), std::string::npos);
+  EXPECT_NE(wide.warnings[0].find("cross the inter-node network"), std::string::npos);
+  for (auto& c : wide.ranked) EXPECT_EQ(c.layout.tp, 16);
 }
 
 TEST(Search, MoreBandwidthOrFlopsNeverSlowsTheChosenLayout) {

@@ -11,8 +11,10 @@
 
 #include "loom/cli/commands.h"
 #include "loom/error.h"
+#include "loom/plan/hf_config.h"
 #include "loom/plan/search.h"
 #include "loom/plan/validation.h"
+#include "loom/train/run_config.h"
 
 namespace loom::cli {
 
@@ -125,12 +127,26 @@ int run_validate(const PlanOptions& o) {
   return 0;
 }
 
+// --model: a zoo name or preset, or a model file -- Loom's [model] table in a TOML (any `loom train`
+// config: the same keys, ranges and errors) or a Hugging Face config.json.
+plan::PlanModel model_of(const std::string& name) {
+  const std::filesystem::path path(name);
+  const std::string ext = path.extension().string();
+  if (ext != ".json" && ext != ".toml") return plan::plan_model(name);
+  if (!std::filesystem::is_regular_file(path))
+    throw ConfigError("--model " + name + ": no such file (a model file is a .toml with a [model] table, or a Hugging "
+                      "Face config.json)");
+  if (ext == ".json") return plan::load_hf_config(name);
+  const auto cfg = train::load_run_config(name);
+  return plan::PlanModel{cfg.model.resolved, 1, 1, "[model] of " + name};
+}
+
 int run_plan(const PlanOptions& o) {
   if (!o.validate.empty()) return run_validate(o);
   if (o.model.empty() || o.cluster.empty() || o.seq == 0 || o.global_batch == 0)
     throw ConfigError("loom plan needs --model, --cluster, --seq and --global-batch (or --validate FILE)");
   plan::Job job;
-  job.model = plan::plan_model(o.model);
+  job.model = model_of(o.model);
   job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
   job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision;
   job.software.loom_engine = o.engine == "loom";
@@ -146,6 +162,7 @@ int run_plan(const PlanOptions& o) {
                        {"seq", o.seq}, {"global_batch", o.global_batch}, {"precision", o.precision}, {"tp_overlap", o.tp_overlap},
                        {"evaluated", r.evaluated}, {"feasible", r.feasible}};
     for (auto& [reason, n] : r.rejected) out["rejected"][std::string(plan::reject_name(reason))] = n;
+    out["warnings"] = r.warnings;
     for (auto& c : r.ranked) out["layouts"].push_back(to_json(c, job));
     if (o.sensitivity) {
       const auto rows = plan::sensitivity(job, fixed, r.ranked.front().layout);
@@ -164,6 +181,7 @@ int run_plan(const PlanOptions& o) {
   fmt::print("{} ({:.2f} B parameters) on {} x {} ({} per node), seq {}, global batch {}, {}\n", o.model,
              params.total * 1e-9, job.cluster.devices, job.cluster.hw.device.name, job.cluster.hw.devices_per_node, o.seq,
              o.global_batch, o.precision);
+  for (const auto& w : r.warnings) fmt::print("warning: {}\n", w);
   fmt::print("{} layouts evaluated, {} feasible", r.evaluated, r.feasible);
   for (auto& [reason, n] : r.rejected) fmt::print("; {} {} (e.g. {})", n, plan::reject_name(reason), r.example[reason]);
   size_t width = 6;  // the layout column fits the longest layout listed
@@ -202,7 +220,10 @@ int run_plan(const PlanOptions& o) {
 void register_plan(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("plan", "Pick the fastest parallel layout for a model on a cluster (cost model)");
   auto o = std::make_shared<PlanOptions>();
-  cmd->add_option("--model", o->model, "model: a Loom preset or a zoo name (gpt3-175b, llama3-70b, mixtral-8x7b, ...)");
+  cmd->add_option("--model", o->model,
+                  "model: a Loom preset or a zoo name (gpt3-175b, llama3-70b, mixtral-8x7b, ...), or a model file: "
+                  "FILE.toml (Loom's [model] table, as loom train reads it) or a Hugging Face config.json (gpt2, llama, "
+                  "mistral, mixtral)");
   cmd->add_option("--cluster", o->cluster, "NAME[:DEVICES] from configs/hardware (a100, h100, trn1, trn2) or FILE.toml[:DEVICES]");
   cmd->add_option("--seq", o->seq, "sequence length")->check(finite_range(1, 1 << 24));
   cmd->add_option("--global-batch", o->global_batch, "sequences per step")->check(finite_range(1, 1 << 24));

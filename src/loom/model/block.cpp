@@ -8,7 +8,7 @@ LocalWidths local_widths(const spec::TransformerConfig& cfg, const spec::ParamTa
   const int tp = table.shard().tp_size;
   LocalWidths w;
   w.heads = cfg.n_heads / tp;
-  w.kv_heads = cfg.n_kv_heads >= tp ? cfg.n_kv_heads / tp : 1;
+  w.kv_heads = spec::kv_heads_per_rank(cfg, tp);
   w.d_ff = cfg.d_ff / tp;
   // The vocabulary rows per rank (a pipeline shard without the embedding or a tied head has no such
   // tensor: computed from the placement rule instead, padded to a multiple of tp).

@@ -55,7 +55,7 @@ struct Widths {
   Widths(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp, bool sp) {
     N = static_cast<double>(B * T), C = static_cast<double>(c.d_model), D = static_cast<double>(c.head_dim());
     H = static_cast<double>(c.n_heads / tp);
-    KV = static_cast<double>(c.n_kv_heads >= tp ? c.n_kv_heads / tp : 1);
+    KV = static_cast<double>(spec::kv_heads_per_rank(c, tp));
     F = static_cast<double>(c.d_ff / tp);
     const bool llama = c.arch == spec::Arch::Llama;
     // This shard's vocabulary rows (padded), from whichever of the embedding and the head it holds (a

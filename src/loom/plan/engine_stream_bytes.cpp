@@ -1,12 +1,14 @@
 #include "loom/plan/engine_stream_bytes.h"
 
+#include "loom/spec/param_table.h"
+
 namespace loom::plan {
 
 EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const Layout& l, int64_t seq, bool bf16) {
   const double t = l.tp, n = static_cast<double>(seq) / l.cp * l.micro_batch, h = static_cast<double>(c.d_model);
   const double hd = static_cast<double>(c.head_dim());
   // KV heads that tp does not divide are replicated: each rank then holds one (model/block.h).
-  const double kv_heads = c.n_kv_heads >= l.tp ? static_cast<double>(c.n_kv_heads) / t : 1.0;
+  const double kv_heads = static_cast<double>(spec::kv_heads_per_rank(c, l.tp));
   const double q = c.n_heads * hd / t, kv = kv_heads * hd, F = static_cast<double>(c.d_ff) / t;
   const double V = static_cast<double>(c.vocab_size) / t;
   const double norm_rows = l.sp ? n / t : n;

@@ -59,8 +59,11 @@ Verdict check_layout(const Layout& l, const Job& j) {
     return div("every degree must be >= 1");
   if (l.devices() != j.cluster.devices)
     return div(fmt::format("dp*tp*pp*cp = {} but the cluster has {} devices", l.devices(), j.cluster.devices));
-  if (c.n_heads % l.tp || c.n_kv_heads % l.tp)
-    return div(fmt::format("tp = {} does not divide {} heads / {} KV heads", l.tp, c.n_heads, c.n_kv_heads));
+  // KV heads are split over tp, or, when fewer than tp, each replicated over tp / n_kv_heads ranks
+  // (NeuronX Distributed's KV replication; the usual Llama layout at tp 16 or 32 on Trainium).
+  if (c.n_heads % l.tp || (c.n_kv_heads >= l.tp ? c.n_kv_heads % l.tp : l.tp % c.n_kv_heads))
+    return div(fmt::format("tp = {} does not divide {} heads, or neither divides the other of tp and {} KV heads",
+                           l.tp, c.n_heads, c.n_kv_heads));
   if (c.d_ff % l.tp) return div(fmt::format("tp = {} does not divide d_ff = {}", l.tp, c.d_ff));
   // The vocabulary is not checked: Megatron-style vocab-parallel embeddings pad it to a multiple of tp.
   if (c.n_layers % (int64_t(l.pp) * l.vpp))

@@ -1,6 +1,7 @@
 #include "loom/plan/memory_model.h"
 
 #include "loom/plan/engine_memory.h"
+#include "loom/spec/param_table.h"
 
 #include <algorithm>
 
@@ -11,7 +12,9 @@ double activation_bytes_per_layer(const Layout& l, const Job& j) {
   const double s = static_cast<double>(j.seq) / l.cp;  // local sequence
   const double b = l.micro_batch, h = static_cast<double>(c.d_model), t = l.tp;
   const double sbh = s * b * h;
-  const double kv = static_cast<double>(c.n_kv_heads) / c.n_heads;  // K and V width relative to Q
+  // K and V width on a rank relative to h: n_kv / n_heads / t, or one replicated head when tp exceeds
+  // the KV heads.
+  const double kv_rank = static_cast<double>(spec::kv_heads_per_rank(c, l.tp) * c.head_dim()) / h;
   const double F = static_cast<double>(c.d_ff) / h;
   // Each token passes through top_k expert MLPs; the busiest rank holds moe_imbalance times the mean.
   const double k = static_cast<double>(j.model.top_k) * (j.model.is_moe() ? j.software.moe_imbalance : 1.0);
@@ -22,12 +25,12 @@ double activation_bytes_per_layer(const Layout& l, const Job& j) {
   // Under fp8 the linear layers save their inputs as fp8 (`in` = 1 byte instead of 2).
   const double in = j.precision == "fp8" ? 1 : 2;
   double replicated = 4 + 2 * in + (j.software.dropout ? 2 : 0);
-  // Split by TP: Q (2), K and V (4 * kv), attention output (the projection's input, 2); MLP hidden:
-  // GeLU input and output (2 + 2, the output being the second GEMM's input) per F, or SwiGLU gate, up
-  // and product (2 + 2 + 2), times top_k for MoE.
-  double split = 2 + 4 * kv + in + (gpt2 ? 2 + in : 4 + in) * F * k;
+  // Split by TP: Q (2), attention output (the projection's input, 2); MLP hidden: GeLU input and
+  // output (2 + 2, the output being the second GEMM's input) per F, or SwiGLU gate, up and product
+  // (2 + 2 + 2), times top_k for MoE. K and V (4 per element of their width on this rank).
+  double split = 2 + in + (gpt2 ? 2 + in : 4 + in) * F * k;
   if (j.model.is_moe()) replicated += 2;  // router input copy
-  double per_sbh = (l.sp ? replicated / t : replicated) + split / t;
+  double per_sbh = (l.sp ? replicated / t : replicated) + split / t + 4 * kv_rank;
   double bytes = sbh * per_sbh;
   // Attention scores: softmax output (2) + dropout mask (1) + dropout output (2) = 5 a s^2 b bytes when
   // the T x T matrix is materialised and not recomputed; flash attention keeps only the fp32 row
@@ -60,6 +63,10 @@ StageParams stage_params(const Layout& l, const Job& j, bool last) {
   StageParams sp;
   const double dense_layer = static_cast<double>(pc.per_layer - pc.per_layer_expert);
   sp.dense = layers * dense_layer / l.tp;
+  // Replicated KV heads: each rank holds one head's K and V projections, not n_kv / tp of them.
+  const double kv_head_params = 2.0 * static_cast<double>(c.head_dim() * c.d_model + (c.uses_bias() ? c.head_dim() : 0));
+  sp.dense += layers * kv_head_params *
+              (static_cast<double>(spec::kv_heads_per_rank(c, l.tp)) - static_cast<double>(c.n_kv_heads) / l.tp);
   sp.expert = layers * static_cast<double>(pc.per_layer_expert) / (double(l.tp) * l.ep);
   // Vocab-parallel embedding on the first stage; the LM head (or the tied embedding's copy) and the
   // final norm on the last. With pp = 1 both sit on the one stage (a tied embedding is stored once).

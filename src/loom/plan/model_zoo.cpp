@@ -92,7 +92,8 @@ PlanModel plan_model(const std::string& name) {
     if (p == name) return PlanModel{spec::preset(name), 1, 1, "Loom preset (spec/transformer_config.cpp)"};
   std::string valid;
   for (auto& n : plan_model_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw ConfigError("unknown model '" + name + "' (valid: " + valid + ")");
+  throw ConfigError("unknown model '" + name + "' (valid: " + valid +
+                    "; or a model file: FILE.toml with a [model] table, or a Hugging Face config.json)");
 }
 
 ParamCounts count_params(const PlanModel& m) {

@@ -78,6 +78,13 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
   const int N = j.cluster.devices;
   const int dpn = j.cluster.hw.devices_per_node;
   SearchResult r;
+  // The search keeps tp inside a node (a power of two dividing it); a pinned tp beyond that is priced
+  // as asked -- its collectives go hierarchical, over the inter-node network -- and said so.
+  if (f.tp && (*f.tp > dpn || dpn % *f.tp))
+    r.warnings.push_back(fmt::format(
+        "--fix tp={} is a layout the search does not try ({} devices per node: tp stays inside a node, a power of "
+        "two dividing it); priced as asked: its all-reduces {} the inter-node network",
+        *f.tp, dpn, *f.tp > dpn ? "cross" : "run partly on"));
   std::vector<Candidate> ok;
   auto consider = [&](const Layout& l) {
     ++r.evaluated;

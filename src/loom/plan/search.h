@@ -37,6 +37,8 @@ struct SearchResult {
   std::map<Reject, int64_t> rejected;      // how many layouts were dropped, by reason
   std::map<Reject, std::string> example;   // one message per reason
   int64_t feasible = 0;
+  // What --fix pinned that the search itself would not try (tp across nodes), one line each.
+  std::vector<std::string> warnings;
 };
 
 // Throws ConfigError when the job is invalid or when no layout is feasible (saying why, with counts).

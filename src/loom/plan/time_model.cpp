@@ -7,6 +7,7 @@
 #include "loom/plan/collective_cost.h"
 #include "loom/plan/engine_stream_bytes.h"
 #include "loom/plan/memory_model.h"
+#include "loom/spec/param_table.h"
 #include "loom/spec/pipeline_stages.h"
 
 namespace loom::plan {
@@ -58,7 +59,9 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   const double t = l.tp, s = static_cast<double>(j.seq) / l.cp, S = static_cast<double>(j.seq);
   const double b = l.micro_batch, n = s * b, h = static_cast<double>(c.d_model);
   const double hd = static_cast<double>(c.head_dim()), heads = c.n_heads / t;
-  const double q = c.n_heads * hd, kv = c.n_kv_heads * hd, F = static_cast<double>(c.d_ff);
+  const double q = c.n_heads * hd, F = static_cast<double>(c.d_ff);
+  // K and V width on a rank: kv / t, or one replicated head when tp exceeds the KV heads.
+  const double kv_t = static_cast<double>(spec::kv_heads_per_rank(c, l.tp)) * hd;
   const double bw = hw.device.memory_bandwidth * hw.efficiency.memory;
   const double act = j.precision == "f32" ? 4 : 2;  // bytes per activation element (f32: Loom's fp32 runs)
   const bool gpt2 = c.arch == spec::Arch::GPT2;
@@ -81,7 +84,7 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
     lc.flops += 2 * g.M * g.N * g.K * g.count;
     return gemm_time(g, hw, peak16, act);
   };
-  lc.gemm_attn += linear({n, (q + 2 * kv) / t, h});  // QKV
+  lc.gemm_attn += linear({n, q / t + 2 * kv_t, h});  // QKV
   lc.gemm_attn += linear({n, h, q / t});             // output projection
   const double E = static_cast<double>(j.model.n_experts);
   // MoE: the device's E/ep experts see n*top_k tokens in all, n*ep*top_k/E each on average, and the
@@ -113,7 +116,7 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   // hidden (GeLU read + write 4F/h; SwiGLU read 2, write 1: 6F/h), RoPE on q and k.
   const double replicated = 8 + (sw.dropout ? 14 : 12);
   double per_sbh = (l.sp ? replicated / t : replicated) + (gpt2 ? 4 : 6) * (F / h) * k / t;
-  if (!gpt2) per_sbh += 4 * (q + kv) / h / t;
+  if (!gpt2) per_sbh += 4 * (q / t + kv_t) / h;
   lc.memory = n * h * per_sbh / bw;
 
   // TP: two all-reduces (or all-gather + reduce-scatter pairs with SP: the same bus bytes) of the
@@ -124,7 +127,7 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * wire, group(l.tp, 1, dpn), hw);
   // CP: each rank passes its K,V chunk around the ring (cp - 1 hops), overlapped with attention.
   if (l.cp > 1) {
-    const double chunk = n * 2 * kv / t * act;
+    const double chunk = n * 2 * kv_t * act;
     const Link& link = dpn / l.tp >= l.cp ? hw.intra_node : hw.inter_node;
     lc.cp_comm = (l.cp - 1) * collective_time(Collective::SendRecv, chunk, 2, link, hw.efficiency.link);
   }
@@ -254,6 +257,14 @@ StepTime step_time(const Layout& l, const Job& j) {
   st.compute = m * stage_compute;
   st.memory_bound = m * stage_mem;
   st.tp = m * layers * tp, st.ep = m * layers * ep, st.cp = m * layers * cp, st.pp = m * p2p;
+  // Replicated KV heads (tp > n_kv_heads): the ranks holding one head alike sum its K and V weight
+  // gradients once per step, every layer (inside the tp group, so inside a node).
+  if (c.n_kv_heads < l.tp) {
+    const double kv_grad = 2 * static_cast<double>(c.head_dim()) * h * j.software.grad_bytes;
+    const int replicas = l.tp / static_cast<int>(c.n_kv_heads);
+    st.tp += layers * group_collective_time(Collective::AllReduce, kv_grad,
+                                            group(replicas, static_cast<int>(c.n_kv_heads), dpn), hw);
+  }
   st.recompute = m * layers * rec;
   st.attention = m * layers * attn;
   // Bubble: (p-1)/v micro-batch times for GPipe / 1F1B / interleaved; zero-bubble (ZB-H1) removes

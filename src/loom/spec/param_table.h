@@ -120,5 +120,10 @@ ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard = {}
 // Throws ConfigError naming the numbers and the valid degrees when `tp` cannot split `cfg` (heads, KV
 // heads, FFN width). A vocabulary tp does not divide is padded, never refused.
 void validate_tensor_parallel(const TransformerConfig& cfg, int tp);
+// KV heads each tp rank holds: its n_kv_heads / tp, or, with fewer KV heads than tp, one (replicated
+// over tp / n_kv_heads ranks).
+inline int64_t kv_heads_per_rank(const TransformerConfig& cfg, int tp) {
+  return cfg.n_kv_heads >= tp ? cfg.n_kv_heads / tp : 1;
+}
 
 }  // namespace loom::spec
