@@ -148,6 +148,12 @@ TEST(Checkpoint, ARestartContinuesFromTheNewestCompleteSaveEvenWhenLatestLagsBeh
   auto whole = loom::test::scratch_dir("ck-restart-whole");
   ASSERT_EQ(run_loom(train_args(whole, 6)).rc, 0);
   EXPECT_EQ(losses(root), losses(whole)) << "every step once, bitwise the uninterrupted run's";
+  // The checkpoint the first attempt resumed from was pruned since: the restart takes the newest.
+  fs::remove_all(root / "ck" / "step-00000002");
+  auto pruned = run_loom(train_args(root, 8, "--resume-from " + (root / "ck" / "step-00000002").string()), restart);
+  EXPECT_EQ(pruned.rc, 0) << pruned.err;
+  EXPECT_NE(pruned.err.find("continuing from " + (root / "ck" / "step-00000006").string()), std::string::npos)
+      << pruned.err;
   // Nothing saved yet: a restart starts again from step 0.
   auto fresh = loom::test::scratch_dir("ck-restart-fresh");
   auto again = run_loom(train_args(fresh, 2), restart);

@@ -44,6 +44,13 @@ TEST(ModelFile, PublishedConfigsGiveThePresetAndZooModelsExactly) {
   EXPECT_EQ(mixtral.top_k, 2);
   EXPECT_EQ(plan::count_params(mixtral).total, plan::count_params(plan::plan_model("mixtral-8x7b")).total);
   EXPECT_EQ(plan::count_params(mixtral).active, plan::count_params(plan::plan_model("mixtral-8x7b")).active);
+  // Exporters that write every number as a float, and GPT-2 configs with only n_ctx, still read.
+  std::string floats = kLlama3;
+  floats.replace(floats.find("\"hidden_size\": 4096"), 19, "\"hidden_size\": 4096.0");
+  EXPECT_EQ(plan::parse_hf_config(floats, "f/config.json").cfg.d_model, 4096);
+  std::string ctx = kGpt2;
+  ctx.replace(ctx.find("\"n_positions\": 1024, "), 21, "");
+  EXPECT_EQ(plan::parse_hf_config(ctx, "c/config.json").cfg.max_seq, 1024);
 }
 
 std::string error_of(const std::string& text) {

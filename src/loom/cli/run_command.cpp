@@ -385,9 +385,11 @@ int launch(const RunArgs& a) {
       siginfo_t info;
       const int sig = ::sigtimedwait(&l.handled, &info, &zero);
       if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-        std::fprintf(stderr, "loom run: received SIG%s: not restarting\n", sigabbrev_np(sig));
-        last.stop_signal = sig;
-        break;
+        // Stopped, as a stop during an attempt is: 128 + the signal, not a failure.
+        std::fprintf(stderr, "loom run: received SIG%s: not restarting after %s\n", sigabbrev_np(sig),
+                     last.failure->c_str());
+        restore_mask();
+        return 128 + sig;
       }
       std::fprintf(stderr,
                    "loom run: restarting the job (restart %d of %d) after %s; `loom train` continues from its "

@@ -1,5 +1,6 @@
 #include "loom/plan/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -28,9 +29,13 @@ class Fields {
       if (fallback) return *fallback;
       throw ConfigError(origin_ + ": \"" + key + "\" is missing (a " + family() + " config.json has it)");
     }
-    if (!v->is_number_integer() || v->get<int64_t>() < 1)
+    // 4096.0 is an integer too (some exporters write every number as a float).
+    const bool integral = v->is_number_integer() ||
+                          (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
+                           std::abs(v->get<double>()) < 9e15);
+    if (!integral || v->get<double>() < 1)
       throw ConfigError(origin_ + ": \"" + key + "\" = " + v->dump() + " must be a positive integer");
-    return v->get<int64_t>();
+    return static_cast<int64_t>(v->get<double>());
   }
   double number(const char* key, double fallback) const {
     auto v = get(key);
@@ -65,7 +70,9 @@ PlanModel parse_hf_config(const std::string& text, const std::string& origin) {
   const std::string type = j["model_type"];
   PlanModel m;
   auto& c = m.cfg;
-  c.name = j.value("_name_or_path", std::filesystem::path(origin).parent_path().filename().string());
+  c.name = j.contains("_name_or_path") && j["_name_or_path"].is_string()
+               ? j["_name_or_path"].get<std::string>()
+               : std::filesystem::path(origin).parent_path().filename().string();
   if (c.name.empty()) c.name = std::filesystem::path(origin).stem().string();
   m.source = "Hugging Face config.json (" + origin + ")";
   if (type == "gpt2") {
@@ -74,7 +81,7 @@ PlanModel parse_hf_config(const std::string& text, const std::string& origin) {
     c.d_model = f.integer("n_embd");
     c.n_heads = c.n_kv_heads = f.integer("n_head");
     c.vocab_size = f.integer("vocab_size");
-    c.max_seq = f.integer("n_positions", f.get("n_ctx") ? std::optional<int64_t>(f.integer("n_ctx")) : std::nullopt);
+    c.max_seq = f.get("n_positions") ? f.integer("n_positions") : f.integer("n_ctx");
     c.d_ff = f.integer("n_inner", 4 * c.d_model);
     c.norm_eps = static_cast<float>(f.number("layer_norm_epsilon", 1e-5));
     c.tie_embeddings = f.boolean("tie_word_embeddings", true);
@@ -93,7 +100,7 @@ PlanModel parse_hf_config(const std::string& text, const std::string& origin) {
     if (f.boolean("attention_bias", false) || f.boolean("mlp_bias", false))
       throw ConfigError(origin + ": \"attention_bias\" / \"mlp_bias\" = true: Loom's Llama-style block has no "
                         "biases, so its parameters, memory and time would not be this model's");
-    if (auto hd = f.get("head_dim"); hd && (!hd->is_number_integer() || hd->get<int64_t>() * c.n_heads != c.d_model))
+    if (auto hd = f.get("head_dim"); hd && (!hd->is_number() || hd->get<double>() * c.n_heads != c.d_model))
       throw ConfigError(origin + ": \"head_dim\" = " + hd->dump() + " is not hidden_size / num_attention_heads = " +
                         std::to_string(c.d_model / c.n_heads) + ": Loom's block derives the head width from them");
     if (type == "mixtral") {

@@ -38,7 +38,8 @@ class AsyncCheckpointWriter {
   std::optional<Saved> finished();
   // Waits for the write in flight; rethrows its failure.
   std::optional<Saved> wait();
-  bool busy() const { return thread_.joinable(); }
+  // A write started and not yet finished.
+  bool in_flight() const { return thread_.joinable() && !done_; }
 
  private:
   std::optional<Saved> join();

@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loom/core/file_reader.h"
 
 #include "loom/error.h"
 
@@ -55,9 +58,12 @@ MetricsLog::MetricsLog(const std::string& out_dir, bool append)
 }
 
 void MetricsLog::drop_after(int64_t step) {
-  std::ifstream in(path_);
+  const std::string text = read_file(path_);
+  std::istringstream in(text);
   std::string kept, line;
-  bool dropped = false;
+  // A last line without its newline (a crash mid-write) is rewritten too, or the next record would be
+  // glued onto it.
+  bool dropped = !text.empty() && text.back() != '\n';
   while (std::getline(in, line)) {
     // A line cut short by a crash is dropped with the steps after the checkpoint.
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -66,7 +72,6 @@ void MetricsLog::drop_after(int64_t step) {
     else
       dropped = true;
   }
-  in.close();
   if (!dropped) return;
   file_.reset();
   const fs::path tmp = path_ + ".tmp";

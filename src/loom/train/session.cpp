@@ -158,10 +158,19 @@ SessionSummary Session::run() {
   // when there is none. Every rank decides alike: the ranks of the failed attempt are all gone.
   std::string resume_from = o.resume_from;
   if (job.restart_count > 0) {
-    if (auto newest = newest_complete_checkpoint(cfg.checkpoint.dir);
-        newest && (resume_from.empty() ||
-                   read_checkpoint_manifest(*newest).step >= read_checkpoint_manifest(resolve_checkpoint(resume_from)).step))
-      resume_from = *newest;
+    // The checkpoint the first attempt resumed from may have been pruned since (checkpoint.keep): then
+    // the newest is the one to continue from.
+    auto step_of = [](const std::string& dir) -> std::optional<int64_t> {
+      try {
+        return read_checkpoint_manifest(resolve_checkpoint(dir)).step;
+      } catch (const Error&) {
+        return std::nullopt;
+      }
+    };
+    if (auto newest = newest_complete_checkpoint(cfg.checkpoint.dir); newest) {
+      const auto given = resume_from.empty() ? std::nullopt : step_of(resume_from);
+      if (!given || read_checkpoint_manifest(*newest).step >= *given) resume_from = *newest;
+    }
     say(fmt::format("restart {} of the job: {}", job.restart_count,
                     resume_from.empty() && !o.resume ? "no checkpoint was saved, starting again from step 0"
                                                      : "continuing from " + (resume_from.empty() ? cfg.checkpoint.dir
@@ -233,6 +242,7 @@ SessionSummary Session::run() {
     out << nlohmann::json{{"rank", world->rank()}, {"groups", groups}}.dump(1) << "\n";
   };
   AsyncCheckpointWriter writer(checkpoints);
+  bool writer_busy = false;  // rank 0's background write was in flight at this step boundary
   auto report_saved = [&](std::optional<AsyncCheckpointWriter::Saved> saved) {
     if (!saved) return;
     say("checkpoint saved: " + saved->path + " (written behind training)");
@@ -257,9 +267,13 @@ SessionSummary Session::run() {
         // Ranks may see a signal at different steps: all stop after the same one, or the early ones would
         // leave the others waiting in the next step's collectives. The signal travels too, so every rank
         // reports (and exits with) the one that came.
-        int32_t flag = sum.stop_signal;
-        world->group().all_reduce(&flag, &flag, 1, DType::I32, comm::ReduceOp::kMax).wait();
-        sum.stop_signal = flag;
+        // Rank 0 also tells whether a background checkpoint write is still in flight: a save now would
+        // wait for it, and the others must then wait for it in the save's barrier (whose deadline is a
+        // save's), not in the next step's collectives (whose deadline is a hang's).
+        int32_t flags[2] = {sum.stop_signal, sum.lead && writer.in_flight() ? 1 : 0};
+        world->group().all_reduce(flags, flags, 2, DType::I32, comm::ReduceOp::kMax).wait();
+        sum.stop_signal = flags[0];
+        writer_busy = flags[1] != 0;
       }
       const bool preempted = sum.stop_signal != 0;
       if (sum.lead) report_saved(writer.finished());
@@ -275,15 +289,21 @@ SessionSummary Session::run() {
             report_saved(writer.wait());  // the copy buffer is free again
             writer.submit(checkpoints.capture(trainer, s.step, &writer.buffer(), &backend.allocator()));
           } else {
-            report_saved(writer.wait());
+            // The last save and a preempted run's are made even when an earlier background write failed
+            // (that failure is said, and the run's work is still saved).
+            try {
+              report_saved(writer.wait());
+            } catch (const Error& e) {
+              say(std::string("warning: ") + e.what() + "; saving step " + std::to_string(s.step) + " now");
+            }
             say("checkpoint saved: " + checkpoints.save(trainer, s.step));
           }
         }
         trainer.release_full_state();
         // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
         // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save. Behind
-        // training, nobody waits.
-        if (world && !behind) world->group().barrier(comm::kSaveTimeout).wait();
+        // training nobody waits, unless rank 0 first waited for the previous write.
+        if (world && (!behind || writer_busy)) world->group().barrier(comm::kSaveTimeout).wait();
         if (!behind) sum.saved_step = s.step;
       }
       if (preempted) return false;
