@@ -83,6 +83,21 @@ TEST(Search, FixedKnobsAreHonoured) {
   for (auto& c : wide.ranked) EXPECT_EQ(c.layout.tp, 16);
 }
 
+// A sequence beyond a rotary model's context is a context extension: planned (context parallelism
+// splits it) with a warning; a learned position table, or Loom's engine, cannot go past it.
+TEST(Search, LongerThanTheContextIsPlannedForRotaryModelsWithContextParallelism) {
+  auto r = search(job("llama3-8b", "h100:64", 131072, 64), {}, 5);
+  ASSERT_FALSE(r.ranked.empty());
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("beyond llama3-8b's context of 8192 tokens"), std::string::npos) << r.warnings[0];
+  for (auto& c : r.ranked) EXPECT_GT(c.layout.cp, 1) << c.layout.str() << ": 128k tokens need the sequence split";
+  EXPECT_NE(error_of([&] { search(job("gpt3-175b", "a100:64", 4096, 64), {}, 5); }).find("learned position table"),
+            std::string::npos);
+  Job engine = job("llama-mini", "a100:8", 512, 8);
+  engine.software.loom_engine = true;
+  EXPECT_NE(error_of([&] { search(engine, {}, 5); }).find("Loom's engine trains up to it"), std::string::npos);
+}
+
 TEST(Search, MoreBandwidthOrFlopsNeverSlowsTheChosenLayout) {
   Job j = job("llama3-8b", "h100:8", 8192, 32);
   auto best = search(j, {}, 1).ranked.front();

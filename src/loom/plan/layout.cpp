@@ -43,8 +43,15 @@ std::string Layout::str() const {
 void check_job(const Job& j) {
   const auto& c = j.model.cfg;
   if (j.seq < 1) throw ConfigError(fmt::format("--seq = {} must be positive", j.seq));
-  if (j.seq > c.max_seq)
-    throw ConfigError(fmt::format("--seq = {} exceeds model '{}' context of {} tokens", j.seq, c.name, c.max_seq));
+  // Beyond the model's context: a rotary model is trained longer by context extension (its positions
+  // are computed, and cp splits the sequence); a learned position table has max_seq rows, and Loom's
+  // engine builds its RoPE tables for max_seq.
+  if (j.seq > c.max_seq && (c.arch == spec::Arch::GPT2 || j.software.loom_engine))
+    throw ConfigError(fmt::format(
+        "--seq = {} exceeds model '{}' context of {} tokens ({}); plan a longer context on a rotary (Llama-style) "
+        "model with the Megatron profile, or give the model a larger max_seq",
+        j.seq, c.name, c.max_seq,
+        c.arch == spec::Arch::GPT2 ? "its learned position table has that many rows" : "Loom's engine trains up to it"));
   if (j.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be positive", j.global_batch));
   if (j.cluster.devices < 1) throw ConfigError("the cluster has no devices");
   j.cluster.hw.peak(j.precision);  // throws for unknown / missing precision

@@ -85,6 +85,11 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
         "--fix tp={} is a layout the search does not try ({} devices per node: tp stays inside a node, a power of "
         "two dividing it); priced as asked: its all-reduces {} the inter-node network",
         *f.tp, dpn, *f.tp > dpn ? "cross" : "run partly on"));
+  if (j.seq > c.max_seq)
+    r.warnings.push_back(fmt::format(
+        "--seq = {} is beyond {}'s context of {} tokens: priced as a rotary context extension (attention grows "
+        "with the square of the sequence; context parallelism splits it)",
+        j.seq, c.name, c.max_seq));
   std::vector<Candidate> ok;
   auto consider = [&](const Layout& l) {
     ++r.evaluated;
