@@ -2,6 +2,7 @@
 // counts, the memory formulas of Korthikanti et al., collective costs, GEMM time, hardware files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -325,4 +326,47 @@ TEST(KvReplication, TpBeyondTheKvHeadsReplicatesThemAndPricesIt) {
   const Verdict v = check_layout(l16, odd);
   EXPECT_FALSE(v.ok());
   EXPECT_NE(v.why.find("6 KV heads"), std::string::npos) << v.why;
+}
+
+// Uneven pipeline stages for any profile (--pipeline-layers): Llama 3 405B's 126 layers on 16 stages
+// with the first and last trimmed (7, 14 x 8, 7), as real runs cut them. Every stage is priced and the
+// slowest kept; the heaviest stage's memory is the device's; a list that does not hold the model, or a
+// layout with another number of chunks, is refused.
+TEST(UnevenStages, TrimmedFirstAndLastStagesArePricedStageByStage) {
+  Job j = megatron_job("llama3-405b", 1024, 512);
+  j.cluster = resolve_cluster("h100:1024", kDirs);
+  j.software = Software{};
+  j.seq = 8192;
+  std::vector<int64_t> cut{7};
+  for (int i = 0; i < 14; ++i) cut.push_back(8);
+  cut.push_back(7);
+  j.software.pipeline_layers = cut;
+  Layout l{.dp = 8, .tp = 8, .pp = 16, .micro_batch = 1, .zero = 1, .sp = true, .recompute = Recompute::Full};
+  ASSERT_TRUE(check_layout(l, j).ok()) << check_layout(l, j).why;
+  const StepTime t = step_time(l, j);
+  ASSERT_EQ(t.stage_micro_batch.size(), 16u);
+  // A middle stage (8 blocks) against the first (7 blocks + the embedding, not priced for Megatron) and
+  // the last (7 blocks + the head and loss).
+  EXPECT_GT(t.stage_micro_batch[5], t.stage_micro_batch[0]);
+  EXPECT_NEAR(t.stage_micro_batch[5], t.stage_micro_batch[6], 1e-12 * t.stage_micro_batch[5]);
+  EXPECT_EQ(t.stage_micro_batch[static_cast<size_t>(t.priced_stage)],
+            *std::max_element(t.stage_micro_batch.begin(), t.stage_micro_batch.end()));
+  EXPECT_DOUBLE_EQ(stage_layers(l, j, 0), 7);
+  EXPECT_DOUBLE_EQ(stage_layers(l, j, 3), 8);
+  // A middle stage holds one block more than the first and no embedding.
+  const auto pc = count_params(j.model);
+  EXPECT_NEAR(stage_params_of(l, j, 3).dense - stage_params_of(l, j, 0).dense,
+              static_cast<double>(pc.per_layer - pc.embedding) / 8, 1.0);
+  EXPECT_TRUE(memory_per_device(l, j).fits());
+  // Without the cut, 126 layers do not split over 16 stages.
+  Job even = j;
+  even.software.pipeline_layers.clear();
+  EXPECT_FALSE(check_layout(l, even).ok());
+  // Another number of chunks is another layout; a cut that does not hold the model is a job error.
+  Layout eight = l;
+  eight.pp = 8, eight.dp = 16;
+  EXPECT_FALSE(check_layout(eight, j).ok());
+  Job bad = j;
+  bad.software.pipeline_layers[3] = 9;
+  EXPECT_THROW(check_job(bad), ConfigError);
 }

@@ -14,6 +14,7 @@
 #include "loom/plan/hf_config.h"
 #include "loom/plan/search.h"
 #include "loom/plan/validation.h"
+#include "loom/spec/pipeline_stages.h"
 #include "loom/train/run_config.h"
 
 namespace loom::cli {
@@ -21,7 +22,7 @@ namespace loom::cli {
 namespace {
 
 struct PlanOptions {
-  std::string model, cluster, precision = "bf16", validate, engine = "megatron";
+  std::string model, cluster, precision = "bf16", validate, engine = "megatron", pipeline_layers;
   double moe_imbalance = 1.0;
   int64_t seq = 0, global_batch = 0;
   std::vector<std::string> fix;
@@ -152,6 +153,7 @@ int run_plan(const PlanOptions& o) {
   job.software.loom_engine = o.engine == "loom";
   job.software.moe_imbalance = o.moe_imbalance;
   job.software.tp_overlap = o.tp_overlap;
+  job.software.pipeline_layers = spec::parse_layer_counts(o.pipeline_layers, "--pipeline-layers");
   if (job.software.loom_engine && o.precision != "bf16")
     throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
   plan::Fixed fixed;
@@ -234,6 +236,9 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--sensitivity", o->sensitivity, "step time of the best layout with each hardware figure x2 and x0.5");
   cmd->add_option("--validate", o->validate, "compare the cost model with published results in FILE");
+  cmd->add_option("--pipeline-layers", o->pipeline_layers,
+                  "blocks per pipeline chunk, e.g. \"7,8,8,...,7\" (first and last stages trimmed, as real runs cut "
+                  "126 layers on 16 stages); only layouts with that many chunks are searched");
   cmd->add_option("--engine", o->engine,
                   "whose memory conventions: megatron (default; what the published rows ran) or loom (Loom's own "
                   "engine, exact to its measured peaks; only the layouts it runs: dp x ZeRO)")

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/error.h"
+#include "loom/spec/pipeline_stages.h"
 
 namespace loom::plan {
 
@@ -53,6 +54,15 @@ void check_job(const Job& j) {
         j.seq, c.name, c.max_seq,
         c.arch == spec::Arch::GPT2 ? "its learned position table has that many rows" : "Loom's engine trains up to it"));
   if (j.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be positive", j.global_batch));
+  // An explicit cut must hold the model's blocks, each chunk at least one (spec::cut_pipeline's rules).
+  const auto& cut = j.software.pipeline_layers;
+  if (!cut.empty()) {
+    try {
+      spec::cut_pipeline(c, j.seq, static_cast<int>(cut.size()), 1, cut);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--pipeline-layers (the planner's name for it): ") + e.what());
+    }
+  }
   if (j.cluster.devices < 1) throw ConfigError("the cluster has no devices");
   j.cluster.hw.peak(j.precision);  // throws for unknown / missing precision
   if (j.memory_margin < 0 || j.memory_margin >= 1)
@@ -73,8 +83,13 @@ Verdict check_layout(const Layout& l, const Job& j) {
                            l.tp, c.n_heads, c.n_kv_heads));
   if (c.d_ff % l.tp) return div(fmt::format("tp = {} does not divide d_ff = {}", l.tp, c.d_ff));
   // The vocabulary is not checked: Megatron-style vocab-parallel embeddings pad it to a multiple of tp.
-  if (c.n_layers % (int64_t(l.pp) * l.vpp))
+  const auto& cut = j.software.pipeline_layers;
+  if (!cut.empty()) {
+    if (static_cast<int64_t>(cut.size()) != int64_t(l.pp) * l.vpp || l.pp == 1)
+      return div(fmt::format("--pipeline-layers gives {} chunks, not pp * vpp = {}", cut.size(), l.pp * l.vpp));
+  } else if (c.n_layers % (int64_t(l.pp) * l.vpp)) {
     return div(fmt::format("pp * vpp = {} does not divide {} layers", l.pp * l.vpp, c.n_layers));
+  }
   if (l.vpp > 1 && (l.pp == 1 || l.schedule != Schedule::Interleaved))
     return div("virtual stages need pp > 1 and the interleaved schedule");
   if (l.schedule == Schedule::Interleaved && l.vpp == 1) return div("the interleaved schedule needs vpp > 1");

@@ -47,8 +47,10 @@ struct Software {
   // Memory as Loom's own engine holds it (engine_memory.h: f32 masters, its activation buffers, its
   // ZeRO units) instead of Megatron-LM's conventions; only layouts the engine runs (dp x ZeRO).
   bool loom_engine = false;
-  // With loom_engine under pp: the engine's explicit cut (blocks per chunk, parallel.pipeline.layers);
-  // empty: balanced by cost as the engine cuts.
+  // Under pp, blocks per chunk (`--pipeline-layers`, the engine's parallel.pipeline.layers): real runs
+  // take a layer or two off the first and last stages (126 layers on 16 stages: 7, 14 x 8, 7). Only
+  // layouts with that many chunks are then searched. Empty: an even split (Megatron), or balanced by
+  // cost as the engine cuts.
   std::vector<int64_t> pipeline_layers;
 };
 

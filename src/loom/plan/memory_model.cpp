@@ -56,10 +56,22 @@ double in_flight_micro_batches(const Layout& l, const Job& j) {
   return p;
 }
 
-StageParams stage_params(const Layout& l, const Job& j, bool last) {
+double stage_layers(const Layout& l, const Job& j, int stage) {
+  const auto& cut = j.software.pipeline_layers;
+  if (cut.empty() || l.pp == 1) return static_cast<double>(j.model.cfg.n_layers) / l.pp;
+  double blocks = 0;  // this stage's chunks: stage, stage + pp, ... (interleaved round-robin)
+  for (size_t g = static_cast<size_t>(stage); g < cut.size(); g += static_cast<size_t>(l.pp))
+    blocks += static_cast<double>(cut[g]);
+  return blocks;
+}
+
+StageParams stage_params(const Layout& l, const Job& j, bool last) { return stage_params_of(l, j, last ? l.pp - 1 : 0); }
+
+StageParams stage_params_of(const Layout& l, const Job& j, int stage) {
   const auto& c = j.model.cfg;
   ParamCounts pc = count_params(j.model);
-  const double layers = static_cast<double>(c.n_layers) / l.pp;
+  const bool last = stage == l.pp - 1, first = stage == 0;
+  const double layers = stage_layers(l, j, stage);
   StageParams sp;
   const double dense_layer = static_cast<double>(pc.per_layer - pc.per_layer_expert);
   sp.dense = layers * dense_layer / l.tp;
@@ -76,7 +88,7 @@ StageParams stage_params(const Layout& l, const Job& j, bool last) {
     sp.dense += embed + static_cast<double>(pc.final_norm) + static_cast<double>(pc.lm_head) / l.tp;
   } else if (last) {
     sp.dense += head + static_cast<double>(pc.final_norm);
-  } else {
+  } else if (first) {
     sp.dense += embed;
   }
   return sp;
@@ -84,9 +96,10 @@ StageParams stage_params(const Layout& l, const Job& j, bool last) {
 
 namespace {
 
-MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
+MemoryBreakdown stage_memory(const Layout& l, const Job& j, int stage) {
+  const bool last = stage == l.pp - 1;
   const StateBytes sb;
-  const StageParams p = stage_params(l, j, last);
+  const StageParams p = stage_params_of(l, j, stage);
   const double dp = l.dp, edp = static_cast<double>(l.dp) / l.ep;  // experts replicate over dp/ep
   auto shard = [&](double bytes_per_param, int from_stage) {
     return l.zero >= from_stage ? p.dense * bytes_per_param / dp + p.expert * bytes_per_param / edp
@@ -100,18 +113,20 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
     // The layers' weights cast to fp8, with a transposed copy for backward, kept across the
     // micro-batches (Transformer Engine): 2 bytes per layer parameter, sharded like the weights.
     const ParamCounts pc = count_params(j.model);
-    const double n_layers = static_cast<double>(j.model.cfg.n_layers) / l.pp;
+    const double n_layers = stage_layers(l, j, stage);
     const double dense = n_layers * static_cast<double>(pc.per_layer - pc.per_layer_expert) / l.tp;
     const double expert = n_layers * static_cast<double>(pc.per_layer_expert) / (double(l.tp) * l.ep);
     m.weights += 2 * (l.zero >= 3 ? dense / dp + expert / edp : dense + expert);
   }
 
   const auto& c = j.model.cfg;
-  const double layers = static_cast<double>(c.n_layers) / l.pp;
+  const double layers = stage_layers(l, j, stage);
   const double per_layer = activation_bytes_per_layer(l, j);
   const double s = static_cast<double>(j.seq) / l.cp, b = l.micro_batch, h = static_cast<double>(c.d_model);
-  // The last stage runs each micro-batch's backward right after its forward: one in flight.
-  const double in_flight = last && l.pp > 1 ? 1.0 : in_flight_micro_batches(l, j);
+  // The last stage runs each micro-batch's backward right after its forward: one in flight; stage r
+  // of a 1F1B-like schedule holds (p - r) / p of the first stage's (GPipe: all m on every stage).
+  double in_flight = last && l.pp > 1 ? 1.0 : in_flight_micro_batches(l, j);
+  if (!last && stage > 0 && l.schedule != Schedule::GPipe) in_flight = std::max(1.0, in_flight * (l.pp - stage) / l.pp);
   m.activations = layers * per_layer * in_flight;
   if (last) m.logits = s * b * static_cast<double>(c.vocab_size) / l.tp * (2 + 4);  // bf16 logits + fp32 softmax
 
@@ -132,22 +147,22 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, bool last) {
 
 MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
   if (j.software.loom_engine) {
-    const EngineMemory e = loom_engine_memory(j.model.cfg, l, j.seq, j.precision == "bf16", {micro_batches(l, j), {}});
+    const EngineMemory e =
+        loom_engine_memory(j.model.cfg, l, j.seq, j.precision == "bf16", {micro_batches(l, j), j.software.pipeline_layers});
     MemoryBreakdown m;
     m.weights = e.parameters, m.grads = e.gradients, m.optimizer = e.optimizer, m.activations = e.activations;
     m.total = e.total();
     m.usable = j.cluster.hw.device.memory_bytes * (1 - j.memory_margin);
     return m;
   }
-  MemoryBreakdown first = stage_memory(l, j, false);
-  if (l.pp == 1) {
-    MemoryBreakdown only = stage_memory(l, j, true);  // one stage holds embedding, layers and head
-    only.activations = first.activations;
-    only.total = only.state() + only.activations + only.logits + only.comm_buffers;
-    return only;
-  }
-  MemoryBreakdown last = stage_memory(l, j, true);
-  return last.total > first.total ? last : first;
+  if (l.pp == 1) return stage_memory(l, j, 0);  // one stage holds embedding, layers and head
+  MemoryBreakdown first = stage_memory(l, j, 0), last = stage_memory(l, j, l.pp - 1);
+  MemoryBreakdown worst = last.total > first.total ? last : first;
+  // An explicit cut may make a middle stage the heaviest (more blocks than the trimmed ends).
+  if (!j.software.pipeline_layers.empty())
+    for (int r = 1; r + 1 < l.pp; ++r)
+      if (MemoryBreakdown m = stage_memory(l, j, r); m.total > worst.total) worst = m;
+  return worst;
 }
 
 }  // namespace loom::plan

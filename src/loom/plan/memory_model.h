@@ -37,6 +37,10 @@ struct StageParams {
   double expert = 0;  // sharded by ep (and tp)
 };
 StageParams stage_params(const Layout& l, const Job& j, bool last);
+// Pipeline stage `stage` (0 .. pp - 1; the first holds the embedding, the last the head): its blocks
+// from the explicit cut (Software::pipeline_layers) when there is one, else n_layers / pp.
+StageParams stage_params_of(const Layout& l, const Job& j, int stage);
+double stage_layers(const Layout& l, const Job& j, int stage);
 
 MemoryBreakdown memory_per_device(const Layout& l, const Job& j);
 

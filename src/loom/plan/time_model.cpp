@@ -223,14 +223,16 @@ StepTime step_time(const Layout& l, const Job& j) {
     p2p = 2 * l.vpp * hop;
   }
   // Per micro-batch on the slowest stage. Megatron cuts the blocks evenly, so the last stage (it adds
-  // the head) is the slowest; Loom's engine cuts them by cost (spec::cut_pipeline, or the explicit
-  // list it was given), so each of its stages is priced and the slowest kept.
+  // the head) is the slowest; Loom's engine cuts them by cost (spec::cut_pipeline), and an explicit
+  // list (--pipeline-layers) may cut either unevenly, so then each stage is priced and the slowest kept.
   double layers = static_cast<double>(c.n_layers) / l.pp;
   bool holds_head = true;
   int priced_stage = l.pp - 1;
-  std::optional<double> other_stages;  // Loom's engine: the other stages' micro-batch times, summed
+  std::optional<double> other_stages;  // uneven stages: the other stages' micro-batch times, summed
   std::vector<double> stage_times;
-  if (j.software.loom_engine && l.pp > 1) {
+  // Uneven stages (Loom's engine, or an explicit cut for either profile): every stage priced, the
+  // slowest kept.
+  if ((j.software.loom_engine || !j.software.pipeline_layers.empty()) && l.pp > 1) {
     const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, j.software.pipeline_layers);
     double slowest = -1, all_stages = 0;
     for (int r = 0; r < l.pp; ++r) {
