@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/error.h"
+#include "loom/spec/param_table.h"
 #include "loom/spec/pipeline_stages.h"
 
 namespace loom::plan {
@@ -78,7 +79,7 @@ Verdict check_layout(const Layout& l, const Job& j) {
     return div(fmt::format("dp*tp*pp*cp = {} but the cluster has {} devices", l.devices(), j.cluster.devices));
   // KV heads are split over tp, or, when fewer than tp, each replicated over tp / n_kv_heads ranks
   // (NeuronX Distributed's KV replication; the usual Llama layout at tp 16 or 32 on Trainium).
-  if (c.n_heads % l.tp || (c.n_kv_heads >= l.tp ? c.n_kv_heads % l.tp : l.tp % c.n_kv_heads))
+  if (c.n_heads % l.tp || !spec::tp_splits_kv_heads(c, l.tp))
     return div(fmt::format("tp = {} does not divide {} heads, or neither divides the other of tp and {} KV heads",
                            l.tp, c.n_heads, c.n_kv_heads));
   if (c.d_ff % l.tp) return div(fmt::format("tp = {} does not divide d_ff = {}", l.tp, c.d_ff));

@@ -2,6 +2,7 @@
 
 #include "loom/plan/engine_memory.h"
 #include "loom/spec/param_table.h"
+#include "loom/spec/pipeline_stages.h"
 
 #include <algorithm>
 
@@ -59,10 +60,7 @@ double in_flight_micro_batches(const Layout& l, const Job& j) {
 double stage_layers(const Layout& l, const Job& j, int stage) {
   const auto& cut = j.software.pipeline_layers;
   if (cut.empty() || l.pp == 1) return static_cast<double>(j.model.cfg.n_layers) / l.pp;
-  double blocks = 0;  // this stage's chunks: stage, stage + pp, ... (interleaved round-robin)
-  for (size_t g = static_cast<size_t>(stage); g < cut.size(); g += static_cast<size_t>(l.pp))
-    blocks += static_cast<double>(cut[g]);
-  return blocks;
+  return static_cast<double>(spec::PipelineStages{l.pp, l.vpp, cut}.blocks_on(stage));
 }
 
 StageParams stage_params(const Layout& l, const Job& j, bool last) { return stage_params_of(l, j, last ? l.pp - 1 : 0); }

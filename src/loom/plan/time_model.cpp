@@ -236,8 +236,7 @@ StepTime step_time(const Layout& l, const Job& j) {
     const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, j.software.pipeline_layers);
     double slowest = -1, all_stages = 0;
     for (int r = 0; r < l.pp; ++r) {
-      double blocks = 0;
-      for (int g = r; g < cut.chunks(); g += l.pp) blocks += static_cast<double>(cut.layers[static_cast<size_t>(g)]);
+      const double blocks = static_cast<double>(cut.blocks_on(r));
       const bool head_here = cut.rank_of(cut.chunks() - 1) == r;
       const double t =
           blocks * (comp + mem + attn + tp + ep + cp) + (head_here ? head + loss : 0) + (r == 0 ? embedding : 0);

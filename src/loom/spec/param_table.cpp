@@ -274,7 +274,7 @@ void validate_tensor_parallel(const TransformerConfig& c, int tp) {
   const std::string t = std::to_string(tp);
   need(c.n_heads % tp == 0, "parallel.tp = " + t + " does not divide model.n_heads = " + std::to_string(c.n_heads) +
                                 " (each tp rank runs whole heads); valid tp: " + divisors(c.n_heads, 4096));
-  need(c.n_kv_heads >= tp ? c.n_kv_heads % tp == 0 : tp % c.n_kv_heads == 0,
+  need(tp_splits_kv_heads(c, tp),
        "parallel.tp = " + t + " and model.n_kv_heads = " + std::to_string(c.n_kv_heads) +
            ": one must divide the other (KV heads are split over tp, or each replicated over tp / n_kv_heads ranks)");
   need(c.d_ff % tp == 0, "parallel.tp = " + t + " does not divide model.d_ff = " + std::to_string(c.d_ff) +

@@ -125,5 +125,9 @@ void validate_tensor_parallel(const TransformerConfig& cfg, int tp);
 inline int64_t kv_heads_per_rank(const TransformerConfig& cfg, int tp) {
   return cfg.n_kv_heads >= tp ? cfg.n_kv_heads / tp : 1;
 }
+// Whether tp can hold the KV heads that way: one of tp and n_kv_heads divides the other.
+inline bool tp_splits_kv_heads(const TransformerConfig& cfg, int tp) {
+  return cfg.n_kv_heads >= tp ? cfg.n_kv_heads % tp == 0 : tp % cfg.n_kv_heads == 0;
+}
 
 }  // namespace loom::spec

@@ -12,6 +12,12 @@ int64_t PipelineStages::first_layer(int chunk) const {
   return std::accumulate(layers.begin(), layers.begin() + chunk, int64_t{0});
 }
 
+int64_t PipelineStages::blocks_on(int rank) const {
+  int64_t n = 0;
+  for (size_t g = static_cast<size_t>(rank); g < layers.size(); g += static_cast<size_t>(pp)) n += layers[g];
+  return n;
+}
+
 std::string PipelineStages::str() const {
   std::string s;
   for (int64_t n : layers) {

@@ -19,6 +19,7 @@ struct PipelineStages {
   std::vector<int64_t> layers;  // per global chunk: how many blocks it holds
   int chunks() const { return pp * v; }
   int64_t first_layer(int chunk) const;  // the chunk's first block
+  int64_t blocks_on(int rank) const;     // the blocks of all of pipeline rank `rank`'s chunks
   int rank_of(int chunk) const { return chunk % pp; }
   int local_chunk(int chunk) const { return chunk / pp; }
   std::string str() const;  // "8,8,8,6"
