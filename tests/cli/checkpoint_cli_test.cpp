@@ -190,8 +190,10 @@ TEST(Checkpoint, AsynchronousSavesAreBitwiseTheSynchronousOnesUnderDataParalleli
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("checkpoint saved: " + (async / "ck" / "step-00000002").string() + " (written behind training)"),
             std::string::npos) << r.err;
+  // Each rank's files of the sharded checkpoint, byte for byte.
   for (const char* step : {"step-00000002", "step-00000004", "step-00000006"})
-    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    for (const char* file : {"model-rank00000.safetensors", "model-rank00001.safetensors",
+                             "optimizer-rank00000.safetensors", "optimizer-rank00001.safetensors"}) {
       auto read = [&](const fs::path& root) {
         std::ifstream f(root / "ck" / step / file, std::ios::binary);
         return std::string(std::istreambuf_iterator<char>(f), {});

@@ -12,6 +12,7 @@
 #include "cli_runner.h"
 #include "run_metrics.h"
 #include "loom/core/safetensors.h"
+#include "checkpoint_tensors.h"
 #include "loom/spec/param_table.h"
 
 namespace loom::test {
@@ -43,20 +44,19 @@ std::filesystem::path train_dp(const std::string& name, int ranks, const std::st
 // Largest over tensors of ||a - b|| / ||a||. Element-wise ratios would be meaningless: AdamW turns a
 // near-zero gradient's rounding noise into a full-size step of either sign.
 double max_weight_diff(const std::filesystem::path& a, const std::filesystem::path& b) {
-  SafetensorsFile fa((a / "ck" / "step-00000012" / "model.safetensors").string());
-  SafetensorsFile fb((b / "ck" / "step-00000012" / "model.safetensors").string());
+  const auto ta = checkpoint_tensors(a / "ck" / "step-00000012"), tb = checkpoint_tensors(b / "ck" / "step-00000012");
   double worst = 0;
-  for (const auto& e : fa.tensors()) {
-    const auto& o = fb.at(e.name);
-    const size_t n = e.nbytes / 4;
+  for (const auto& [name, xs] : ta) {
+    const auto& ys = tb.at(name);
+    const size_t n = xs.size();
     // GPT-2's key bias (the middle third of c_attn.bias) has an exactly-zero gradient (softmax ignores a
     // shift shared by all keys): its gradient is pure rounding noise, which AdamW turns into lr-sized
     // steps that no summation order reproduces. It cannot change the loss; leave it out.
-    const bool fused_qkv_bias = e.name.ends_with("attn.c_attn.bias");
+    const bool fused_qkv_bias = name.ends_with("attn.c_attn.bias");
     double diff = 0, norm = 0;
     for (size_t i = 0; i < n; ++i) {
       if (fused_qkv_bias && i >= n / 3 && i < 2 * n / 3) continue;
-      const double x = static_cast<const float*>(e.data)[i], y = static_cast<const float*>(o.data)[i];
+      const double x = xs[i], y = ys[i];
       diff += (x - y) * (x - y);
       norm += x * x;
     }

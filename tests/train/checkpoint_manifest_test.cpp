@@ -51,8 +51,8 @@ TEST(CheckpointManifest, ReadsEveryFieldTheWriterWrites) {
   EXPECT_EQ(m.tokenizer->hash, "00ff");
   EXPECT_EQ(m.config_toml, "[model]\npreset = \"tiny\"\n");
   ASSERT_EQ(m.tensors.size(), 2u);
-  EXPECT_TRUE(m.tensors[0].model);
-  EXPECT_FALSE(m.tensors[1].model);
+  EXPECT_TRUE(m.tensors[0].model());
+  EXPECT_FALSE(m.tensors[1].model());
   EXPECT_EQ(m.tensors[1].name, "exp_avg.w");
   EXPECT_EQ(m.tensors[1].checksum, "0b");
 

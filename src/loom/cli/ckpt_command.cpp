@@ -35,6 +35,32 @@ struct TensorRow {
   size_t bytes = 0;
 };
 
+struct PieceIndexCheck {
+  std::vector<std::string> holes;  // "tensor (role): element N is in no piece"
+};
+
+PieceIndexCheck check_coverage(const train::CheckpointManifest& m) {
+  train::PieceIndex index;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const auto& t = m.tensors[i];
+    int64_t whole = 1;
+    for (const auto& p : m.params)
+      if (p.name == t.param)
+        for (int64_t d : p.shape) whole *= d;
+    index.add(t.param + "/" + train::role_name(t.role), i,
+              t.runs.empty() ? std::vector<train::PieceRun>{{0, whole, whole, 1}} : t.runs);
+  }
+  PieceIndexCheck out;
+  for (const auto& p : m.params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    for (auto role : {train::TensorRole::Weight, train::TensorRole::ExpAvg, train::TensorRole::ExpAvgSq})
+      if (const int64_t gap = index.first_gap(p.name + "/" + train::role_name(role), n); gap < n)
+        out.holes.push_back(fmt::format("{} ({}): element {} of {} is in no piece", p.name, train::role_name(role), gap, n));
+  }
+  return out;
+}
+
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / 1048576.0); }
 
 int inspect(const InspectOptions& o) {
@@ -45,19 +71,22 @@ int inspect(const InspectOptions& o) {
   // Each file is read once; a missing or unreadable one marks its tensors, the rest are still checked.
   std::map<std::string, std::optional<SafetensorsFile>> files;
   std::map<std::string, std::string> file_errors;
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+  for (const auto& t : m.tensors) {
+    if (files.count(t.file) || file_errors.count(t.file)) continue;
     try {
-      files[f].emplace((dir / f).string());
+      files[t.file].emplace((dir / t.file).string());
     } catch (const Error& e) {
-      file_errors[f] = e.what();
+      files.erase(t.file);
+      file_errors[t.file] = e.what();
     }
   }
   std::vector<TensorRow> rows;
   size_t bad = 0, total_bytes = 0;
   for (const auto& t : m.tensors) {
-    TensorRow r{t.name, t.model ? "model.safetensors" : "optimizer.safetensors", t.param, "-", "missing", {}, 0};
-    const auto& file = files[r.file];
-    if (file && file->contains(t.name)) {
+    TensorRow r{t.name, t.file, t.param, "-", "missing", {}, 0};
+    auto f = files.find(r.file);
+    if (f != files.end() && f->second && f->second->contains(t.name)) {
+      const auto& file = f->second;
       const auto& e = file->at(t.name);
       r.dtype = dtype_name(e.dtype), r.shape = e.shape, r.bytes = e.nbytes;
       r.status = checksum_hex(checksum64(e.data, e.nbytes)) == t.checksum ? "ok" : "checksum mismatch";
@@ -66,6 +95,10 @@ int inspect(const InspectOptions& o) {
     bad += r.status != "ok";
     rows.push_back(std::move(r));
   }
+  // Every element of every tensor held by some piece (a sharded checkpoint whose index leaves a hole
+  // cannot be resumed from).
+  PieceIndexCheck coverage = check_coverage(m);
+  bad += coverage.holes.size();
   const std::string layout =
       fmt::format("dp={} tp={} pp={} zero={}{}", cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero,
                   cfg.parallel.sequence_parallel ? " sp" : "");
@@ -89,6 +122,9 @@ int inspect(const InspectOptions& o) {
                      {"tensor_bytes", total_bytes},
                      {"damaged", bad}};
     if (m.tokenizer) j["tokenizer"] = {{"file", m.tokenizer->file}, {"hash", m.tokenizer->hash}};
+    j["ranks"] = m.ranks;
+    j["files"] = files.size() + file_errors.size();
+    j["holes"] = coverage.holes;
     for (const auto& [f, why] : file_errors) j["file_errors"][f] = why;
     for (const auto& r : rows)
       j["tensors"].push_back({{"name", r.name},
@@ -107,8 +143,9 @@ int inspect(const InspectOptions& o) {
   fmt::print("model: {} ({}: {} layers, d_model {}, {} heads / {} KV heads, d_ff {}, vocabulary {})\n",
              cfg.model.preset.empty() ? "custom" : cfg.model.preset, spec::arch_name(mc.arch), mc.n_layers, mc.d_model,
              mc.n_heads, mc.n_kv_heads, mc.d_ff, mc.vocab_size);
-  fmt::print("saved from: {}, precision {} (tensors are whole: any layout resumes from it)\n", layout,
-             cfg.precision_label());
+  fmt::print("saved from: {}, precision {}; {} by {} rank(s) in {} file(s) (any layout resumes from it)\n", layout,
+             cfg.precision_label(), m.version >= 2 && m.ranks > 1 ? "sharded" : "whole tensors", m.ranks,
+             files.size() + file_errors.size());
   fmt::print("tokenizer: {}\n", m.tokenizer ? fmt::format("{} (hash {})", m.tokenizer->file, m.tokenizer->hash)
                                             : std::string("none (synthetic data)"));
   for (const auto& [f, why] : file_errors) fmt::print("{}: cannot be read: {}\n", f, why);
@@ -119,6 +156,7 @@ int inspect(const InspectOptions& o) {
     fmt::print("{:<{}}  {:<22} {:<8} {:>12}  {}\n", r.name, name_w, nlohmann::json(r.shape).dump(), r.dtype, r.bytes,
                r.status);
   fmt::print("{} tensors, {} in all\n", rows.size(), mib(static_cast<double>(total_bytes)));
+  for (const auto& h : coverage.holes) fmt::print("NOT COVERED: {}\n", h);
   if (bad == 0) {
     fmt::print("all {} checksums verified\n", rows.size());
     return 0;

@@ -29,6 +29,11 @@ void raise_peak(std::atomic<size_t>& peak, size_t value) {
 
 void* Allocator::allocate(size_t bytes, MemCategory category) {
   if (bytes == 0) return nullptr;
+  if (limit_ && total_live_.load(std::memory_order_relaxed) + bytes > limit_)
+    throw Error("memory limit: allocating " + std::to_string(bytes) + " bytes for " +
+                std::string(mem_category_name(category)) + " would hold " +
+                std::to_string(total_live_.load(std::memory_order_relaxed) + bytes) + " bytes, over LOOM_MEMORY_LIMIT = " +
+                std::to_string(limit_) + "; use a layout that shards more of the state (ZeRO, tp, pp) or raise the limit");
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded);
   if (p == nullptr)

@@ -35,6 +35,11 @@ class Allocator {
   MemStats total() const;
   // Starts a new measurement window: peaks drop to the current live bytes.
   void reset_peaks();
+  // A cap on live bytes over all categories (0: none), as an accelerator's memory would be: an allocation
+  // that would pass it throws loom::Error naming the category and the numbers. Set by LOOM_MEMORY_LIMIT
+  // (train::Session), so a test or a user can check that a layout fits a given per-rank memory.
+  void set_limit(size_t bytes) { limit_ = bytes; }
+  size_t limit() const { return limit_; }
 
  private:
   void note_change(MemCategory category, ptrdiff_t delta);
@@ -43,6 +48,7 @@ class Allocator {
   std::array<std::atomic<size_t>, kMemCategoryCount> peak_{};
   std::atomic<size_t> total_live_{0};
   std::atomic<size_t> total_peak_{0};
+  size_t limit_ = 0;
 };
 
 // RAII block from an Allocator: the owner of every Loom tensor's storage.

@@ -11,13 +11,21 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <memory>
 #include <random>
+#include <unordered_set>
+#include <thread>
+#include <unordered_map>
 
+#include "loom/comm/collective.h"
 #include "loom/core/checksum.h"
+#include "loom/core/file_reader.h"
 #include "loom/core/file_writer.h"
 #include "loom/core/safetensors.h"
 #include "loom/error.h"
 #include "loom/train/checkpoint_manifest.h"
+#include "loom/train/checkpoint_reader.h"
 
 namespace loom::train {
 
@@ -27,16 +35,20 @@ using nlohmann::json;
 namespace {
 
 // Crash injection for the tests that kill a save at each phase: LOOM_FAULT_INJECT=<phase> or
-// bytes:<N> ends the process on the spot (like SIGKILL: no unwinding, no cleanup).
-void fault_point(const char* phase) {
-  static const char* spec = std::getenv("LOOM_FAULT_INJECT");
-  if (spec && std::string(spec) == phase) std::_Exit(86);
+// bytes:<N> ends the process on the spot (like SIGKILL: no unwinding, no cleanup); with
+// LOOM_FAULT_INJECT_RANK=<r>, only on that rank.
+bool fault_rank(int rank) {
+  static const char* only = std::getenv("LOOM_FAULT_INJECT_RANK");
+  return !only || std::atoi(only) == rank;
 }
-uint64_t fault_byte_limit() {
+uint64_t fault_byte_limit(int rank) {
   const char* spec = std::getenv("LOOM_FAULT_INJECT");
-  if (spec && std::string(spec).rfind("bytes:", 0) == 0) return std::strtoull(spec + 6, nullptr, 10);
+  if (spec && fault_rank(rank) && std::string(spec).rfind("bytes:", 0) == 0) return std::strtoull(spec + 6, nullptr, 10);
   return 0;
 }
+
+std::string part_name(int rank) { return fmt::format("part-rank{:05d}.json", rank); }
+std::string failed_name(int rank) { return fmt::format("failed-rank{:05d}.txt", rank); }
 
 std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
 
@@ -57,7 +69,13 @@ bool holds_checkpoints(const fs::path& dir) {
 
 }  // namespace
 
-CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resuming) : dir_(std::move(dir)), keep_(keep) {
+void CheckpointManager::fault_point(const char* phase) const {
+  static const char* spec = std::getenv("LOOM_FAULT_INJECT");
+  if (spec && std::string(spec) == phase && fault_rank(rank_)) std::_Exit(86);
+}
+
+CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resuming, int rank, int ranks)
+    : dir_(std::move(dir)), keep_(keep), rank_(rank), ranks_(ranks) {
   // The folder is created by the first save: a run that never saves leaves nothing behind.
   std::error_code ec;
   if (resuming) {
@@ -67,7 +85,9 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resumin
                       "continue that run, or choose another --save-dir (nothing was overwritten)");
   }
   if (run_id_.empty()) run_id_ = new_run_id();
-  // Folders of saves that crashed half way: never a checkpoint, safe to remove.
+  // Folders of saves that crashed half way: never a checkpoint, safe to remove (by rank 0 alone: the
+  // others may already be writing a part into this run's).
+  if (rank_ != 0) return;
   for (auto& e : fs::directory_iterator(dir_, ec))
     if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
 }
@@ -106,6 +126,30 @@ std::optional<std::string> newest_complete_checkpoint(const std::string& dir) {
   return best->second;
 }
 
+namespace {
+
+// What a manifest records besides the tensors: the layout saved from, the whole model's tensors (which the
+// pieces of all ranks must cover), the optimizer, schedule and data positions, and the resolved config.
+json checkpoint_facts(Trainer& t, int64_t step) {
+  const auto& cfg = t.config();
+  const int64_t ranks = cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
+  json params = json::array();
+  const spec::ParamTable whole_model = spec::build_param_table(cfg.model.resolved);
+  for (const auto& p : whole_model.params())
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"placement", p.placement.str()}});
+  return {{"world", {{"ranks", ranks},
+                     {"layout", {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp},
+                                 {"cp", cfg.parallel.cp}, {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero}}}}},
+          {"ranks", ranks},
+          {"params", params},
+          {"optimizer", {{"type", "adamw"}, {"steps", t.optimizer().steps_taken()}}},
+          {"schedule", {{"step", step}}},
+          {"data", {{"source", cfg.data.source}, {"seed", cfg.train.seed}, {"next_sample", step * cfg.train.batch_size}}},
+          {"config_toml", cfg.to_toml()}};
+}
+
+}  // namespace
+
 CheckpointImage CheckpointManager::capture(Trainer& t, int64_t step, Tensor* copy_into, Allocator* alloc) const {
   CheckpointImage img;
   img.step = step;
@@ -132,7 +176,8 @@ CheckpointImage CheckpointManager::capture(Trainer& t, int64_t step, Tensor* cop
   for (const auto& p : params) {
     auto add = [&](std::vector<SafetensorsEntry>& file, const char* file_name, const std::string& key, const float* data) {
       file.push_back({key, DType::F32, p.shape, data, static_cast<size_t>(p.numel()) * sizeof(float)});
-      img.index.push_back({{"name", key}, {"param", p.name}, {"file", file_name}, {"dtype", "F32"}, {"shape", p.shape},
+      const char* role = file_name[0] == 'm' ? "weight" : key.rfind("exp_avg_sq.", 0) == 0 ? "exp_avg_sq" : "exp_avg";
+      img.index.push_back({{"name", key}, {"param", p.name}, {"file", file_name}, {"role", role}, {"dtype", "F32"}, {"shape", p.shape},
                            {"placement", p.placement.str()}});
     };
     add(img.model, "model.safetensors", p.name, master + p.offset);
@@ -142,21 +187,253 @@ CheckpointImage CheckpointManager::capture(Trainer& t, int64_t step, Tensor* cop
   const auto& data = t.data();
   img.tokenizer_file = data.tokenizer_file();
   img.tokenizer_hash = data.tokenizer_hash();
+  img.facts = checkpoint_facts(t, step);
+  img.facts["ranks"] = 1;  // rank 0 alone writes the gathered tensors
+  return img;
+}
+
+namespace {
+
+nlohmann::json runs_json(const std::vector<PieceRun>& runs) {
+  json out = json::array();
+  for (const auto& r : runs) out.push_back({r.global, r.length, r.stride, r.count});
+  return out;
+}
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tensor* copy_into, Allocator* alloc) const {
+  CheckpointImage img;
+  img.step = step;
+  img.sharded = true;
+  img.rank = rank_, img.ranks = ranks_;
+  if (ranks_ > 1) {
+    img.model_file = fmt::format("model-rank{:05d}.safetensors", rank_);
+    img.optimizer_file = fmt::format("optimizer-rank{:05d}.safetensors", rank_);
+  }
   const auto& cfg = t.config();
-  img.facts = {{"world", {{"ranks", cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp},
-                          {"layout", {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp},
-                                      {"cp", cfg.parallel.cp}, {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero}}}}},
-               {"optimizer", {{"type", "adamw"}, {"steps", t.optimizer().steps_taken()}}},
-               {"schedule", {{"step", step}}},
-               {"data", {{"source", cfg.data.source}, {"seed", cfg.train.seed},
-                         {"next_sample", step * cfg.train.batch_size}}},
-               {"config_toml", cfg.to_toml()}};
+  const auto& par = t.parallelism();
+  const spec::ParamTable& table = t.params().table();
+  const AdamW& adam = t.optimizer();
+  const auto pieces = save_pieces(table, saved_ranges(table, cfg.model.resolved.n_layers, par.dp_size(), par.dp_rank(),
+                                                      t.zero_stage() > 0 ? adam.pieces() : std::vector<spec::ArenaRange>{}));
+  // Where arena element `a` of a moment sits: in the optimizer piece holding it (the whole arena
+  // without ZeRO).
+  auto moment_offset = [&](int64_t a) -> int64_t {
+    for (size_t k = 0; k < adam.pieces().size(); ++k)
+      if (a >= adam.pieces()[k].begin && a < adam.pieces()[k].end) return adam.local_offset(k) + (a - adam.pieces()[k].begin);
+    throw Error("internal: arena element " + std::to_string(a) + " is in none of this rank's optimizer pieces");
+  };
+  const float* master = t.params().master().data<float>();
+  const float* m = adam.m().data<float>();
+  const float* v = adam.v().data<float>();
+  float* copy = nullptr;
+  if (copy_into) {
+    int64_t n = 0;
+    for (const auto& p : pieces) n += p.end - p.begin;
+    if (!copy_into->defined() || copy_into->numel() < 3 * n) {
+      if (!alloc) throw Error("internal: a checkpoint copy needs an allocator");
+      *copy_into = Tensor::empty({std::max<int64_t>(3 * n, 1)}, DType::F32, *alloc, MemCategory::Workspace);
+    }
+    img.owned = *copy_into;
+    copy = img.owned.data<float>();
+  }
+  std::unordered_map<std::string, int> seen;  // pieces of each parameter in this rank's files so far
+  for (const auto& piece : pieces) {
+    const auto& p = table.params()[piece.param];
+    const int64_t n = piece.end - piece.begin;
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    const float* src[3] = {master + piece.begin, m + moment_offset(piece.begin), v + moment_offset(piece.begin)};
+    if (copy)
+      for (auto*& s : src) {
+        std::memcpy(copy, s, bytes);
+        s = copy, copy += n;
+      }
+    // A piece that is the whole tensor keeps the tensor's shape and plain name (what one rank alone, and
+    // a pipeline stage's whole tensors, write): those files read like the whole format's.
+    const bool whole = piece.runs.size() == 1 && piece.runs[0].global == 0 && n == product(p.global_shape);
+    const std::vector<int64_t> shape = whole ? p.global_shape : std::vector<int64_t>{n};
+    const int k = seen[p.name]++;
+    const std::string key = k == 0 ? p.name : fmt::format("{}@{}", p.name, piece.begin - p.offset);
+    auto add = [&](std::vector<SafetensorsEntry>& file, const std::string& file_name, TensorRole role,
+                   const std::string& name, const float* data) {
+      file.push_back({name, DType::F32, shape, data, bytes});
+      img.index.push_back({{"name", name}, {"param", p.name}, {"file", file_name}, {"role", role_name(role)},
+                           {"dtype", "F32"}, {"shape", shape}, {"runs", runs_json(piece.runs)}});
+    };
+    add(img.model, img.model_file, TensorRole::Weight, key, src[0]);
+    add(img.optimizer, img.optimizer_file, TensorRole::ExpAvg, "exp_avg." + key, src[1]);
+    add(img.optimizer, img.optimizer_file, TensorRole::ExpAvgSq, "exp_avg_sq." + key, src[2]);
+  }
+  const auto& data = t.data();
+  img.tokenizer_file = data.tokenizer_file();
+  img.tokenizer_hash = data.tokenizer_hash();
+  if (rank_ == 0) img.facts = checkpoint_facts(t, step);
   return img;
 }
 
 std::string CheckpointManager::save(Trainer& trainer, int64_t step) { return write(capture(trainer, step)); }
 
 std::string CheckpointManager::write(const CheckpointImage& img) {
+  if (!img.sharded) return write_whole(img);
+  const fs::path dir(dir_);
+  const std::string name = step_name(img.step);
+  // One folder for every rank's files: named by the run, which every rank shares.
+  const fs::path tmp = dir / (".tmp-" + name + "-" + run_id_);
+  const fs::path final_path = dir / name;
+  auto previous = latest();
+  const auto failed = [&](const std::string& why) {
+    return IoError(std::string("saving the checkpoint of step ") + std::to_string(img.step) + " failed: " + why +
+                   (previous ? "; the previous checkpoint '" + *previous + "' is intact" : "; no earlier checkpoint exists"));
+  };
+  try {
+    write_part(img, tmp.string());
+  } catch (const Error& e) {
+    // Rank 0 is waiting for this part: tell it why it will not come, so its save fails now and names us.
+    std::error_code ec;
+    if (fs::is_directory(tmp, ec)) {
+      try {
+        write_file_atomically((tmp / failed_name(img.rank)).string(), e.what());
+      } catch (const Error&) {
+      }
+    }
+    throw failed(e.what());
+  }
+  if (img.rank != 0) return final_path.string();
+  try {
+    json manifest = manifest_head(img);
+    manifest["tokenizer"] = img.tokenizer_file.empty() ? json(nullptr)
+                                                       : json{{"file", "tokenizer.model"}, {"hash", img.tokenizer_hash}};
+    manifest["tensors"] = merge_parts(tmp.string(), img.ranks, img.facts.at("params"));
+    if (!img.tokenizer_file.empty()) {
+      std::error_code ec;
+      fs::copy_file(img.tokenizer_file, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+      if (ec) throw IoError("cannot copy the tokenizer '" + img.tokenizer_file + "': " + ec.message());
+    }
+    fault_point("manifest");
+    std::error_code ec;
+    for (int r = 0; r < img.ranks; ++r) fs::remove(tmp / part_name(r), ec);  // the manifest holds them now
+    publish(tmp.string(), manifest.dump(1), img.step);
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw failed(e.what());
+  }
+  prune(final_path.string());
+  return final_path.string();
+}
+
+json CheckpointManager::manifest_head(const CheckpointImage& img) const {
+  json manifest{{"format", kCheckpointFormat},
+                {"version", kCheckpointVersion},
+                {"step", img.step},
+                {"run_id", run_id_},
+                {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
+                                     std::chrono::system_clock::now().time_since_epoch()).count()}};
+  for (const auto& [k, v] : img.facts.items()) manifest[k] = v;
+  return manifest;
+}
+
+json CheckpointManager::checksummed_index(const CheckpointImage& img) {
+  // The index lists weight, exp_avg, exp_avg_sq per tensor (or piece): the model file's entries and,
+  // two by two, the optimizer file's.
+  json index = img.index;
+  for (size_t i = 0; i < index.size(); ++i) {
+    const SafetensorsEntry& e = i % 3 == 0 ? img.model[i / 3] : img.optimizer[2 * (i / 3) + (i % 3) - 1];
+    index[i]["checksum"] = checksum_hex(checksum64(e.data, e.nbytes));
+  }
+  return index;
+}
+
+void CheckpointManager::publish(const std::string& tmp_dir, const std::string& manifest, int64_t step) const {
+  const fs::path dir(dir_), tmp(tmp_dir), final_path = dir / step_name(step);
+  {
+    FileWriter w((tmp / "manifest.json").string());
+    w.write(manifest.data(), manifest.size());
+    w.sync();
+    w.close();
+  }
+  fsync_directory(tmp.string());
+  fault_point("fsync");
+  std::error_code ec;
+  fs::remove_all(final_path, ec);  // a stale folder of the same step (never `latest`)
+  fault_point("rename");
+  fs::rename(tmp, final_path, ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + final_path.string() + "': " + ec.message());
+  fsync_directory(dir.string());
+  fault_point("latest");
+  write_file_atomically((dir / "latest").string(), step_name(step) + "\n");
+}
+
+void CheckpointManager::write_part(const CheckpointImage& img, const std::string& tmp_dir) const {
+  const fs::path tmp(tmp_dir);
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) throw IoError("cannot create '" + tmp.string() + "': " + ec.message());
+  SafetensorsWriteOptions opts;
+  opts.sync = true;
+  if (uint64_t limit = fault_byte_limit(img.rank))
+    opts.on_progress = [limit](uint64_t n) {
+      if (n >= limit) std::_Exit(86);
+    };
+  write_safetensors((tmp / img.model_file).string(), img.model, {{"format", "pt"}}, opts);
+  fault_point("tensor_data");
+  write_safetensors((tmp / img.optimizer_file).string(), img.optimizer, {}, opts);
+  const json index = checksummed_index(img);
+  fault_point("part");
+  // Written whole or not at all: its presence tells rank 0 this rank's files are on disk.
+  write_file_atomically((tmp / part_name(img.rank)).string(), json{{"rank", img.rank}, {"tensors", index}}.dump());
+}
+
+json CheckpointManager::merge_parts(const std::string& tmp_dir, int ranks, const json& params) const {
+  const fs::path tmp(tmp_dir);
+  const auto deadline = std::chrono::steady_clock::now() + comm::kSaveTimeout;
+  json tensors = json::array();
+  for (int r = 0; r < ranks; ++r) {
+    const fs::path part = tmp / part_name(r);
+    for (;;) {
+      std::error_code ec;
+      if (fs::exists(part, ec)) break;
+      if (fs::exists(tmp / failed_name(r), ec))
+        throw IoError("rank " + std::to_string(r) + " could not write its part: " + read_file((tmp / failed_name(r)).string()));
+      if (std::chrono::steady_clock::now() > deadline)
+        throw IoError(fmt::format("rank {} did not write its part within {} s (it died, or its disk is that slow)", r,
+                                  std::chrono::duration_cast<std::chrono::seconds>(comm::kSaveTimeout).count()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    json j;
+    try {
+      j = json::parse(read_file(part.string()));
+    } catch (const json::exception& e) {
+      throw IoError("rank " + std::to_string(r) + "'s part index '" + part.string() + "' is not valid JSON: " + e.what());
+    }
+    for (auto& e : j.at("tensors")) tensors.push_back(std::move(e));
+  }
+  // Every element of every tensor written once: a layout whose pieces left a hole would be a checkpoint
+  // that cannot be loaded, found here rather than at the next resume.
+  PieceIndex index;
+  const CheckpointManifest parsed = parse_checkpoint_manifest(
+      json{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", 0}, {"optimizer", {{"steps", 0}}},
+           {"config_toml", ""}, {"tensors", tensors}}.dump(), tmp_dir + "/part-rank*.json");
+  for (size_t i = 0; i < parsed.tensors.size(); ++i)
+    index.add(parsed.tensors[i].param + "/" + role_name(parsed.tensors[i].role), i, parsed.tensors[i].runs);
+  for (const auto& p : params) {
+    const std::string name = p.at("name");
+    const int64_t numel = product(p.at("shape").get<std::vector<int64_t>>());
+    for (TensorRole role : {TensorRole::Weight, TensorRole::ExpAvg, TensorRole::ExpAvgSq})
+      if (const int64_t gap = index.first_gap(name + "/" + role_name(role), numel); gap < numel)
+        throw IoError(fmt::format("internal: no rank wrote element {} of '{}' ({}) of {}", gap, name, role_name(role), numel));
+  }
+  return tensors;
+}
+
+std::string CheckpointManager::write_whole(const CheckpointImage& img) {
   const fs::path dir(dir_);
   const std::string name = step_name(img.step);
   const fs::path tmp = dir / (".tmp-" + name + "-" + std::to_string(::getpid()));
@@ -170,7 +447,7 @@ std::string CheckpointManager::write(const CheckpointImage& img) {
     if (!fs::create_directory(tmp, ec)) throw IoError("cannot create '" + tmp.string() + "': " + ec.message());
     SafetensorsWriteOptions opts;
     opts.sync = true;
-    if (uint64_t limit = fault_byte_limit())
+    if (uint64_t limit = fault_byte_limit(rank_))
       opts.on_progress = [limit](uint64_t n) {
         if (n >= limit) std::_Exit(86);
       };
@@ -184,39 +461,12 @@ std::string CheckpointManager::write(const CheckpointImage& img) {
       if (ec) throw IoError("cannot copy the tokenizer '" + img.tokenizer_file + "': " + ec.message());
       tokenizer = {{"file", "tokenizer.model"}, {"hash", img.tokenizer_hash}};
     }
-    // Every tensor's checksum, in the index's order (model, exp_avg, exp_avg_sq per parameter).
-    json index = img.index;
-    for (size_t i = 0; i < index.size(); ++i) {
-      const SafetensorsEntry& e = i % 3 == 0 ? img.model[i / 3] : img.optimizer[2 * (i / 3) + (i % 3) - 1];
-      index[i]["checksum"] = checksum_hex(checksum64(e.data, e.nbytes));
-    }
-    json manifest{{"format", kCheckpointFormat},
-                  {"version", kCheckpointVersion},
-                  {"step", img.step},
-                  {"run_id", run_id_},
-                  {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
-                                       std::chrono::system_clock::now().time_since_epoch()).count()}};
-    // Whole tensors whatever the layout: what the run was trained with, for the record.
-    for (const auto& [k, v] : img.facts.items()) manifest[k] = v;
+    const json index = checksummed_index(img);
+    json manifest = manifest_head(img);
     manifest["tokenizer"] = tokenizer;
     manifest["tensors"] = index;
     fault_point("manifest");
-    {
-      std::string text = manifest.dump(1);
-      FileWriter w((tmp / "manifest.json").string());
-      w.write(text.data(), text.size());
-      w.sync();
-      w.close();
-    }
-    fsync_directory(tmp.string());
-    fault_point("fsync");
-    fs::remove_all(final_path, ec);  // a stale folder of the same step (never `latest`)
-    fault_point("rename");
-    fs::rename(tmp, final_path, ec);
-    if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + final_path.string() + "': " + ec.message());
-    fsync_directory(dir.string());
-    fault_point("latest");
-    write_file_atomically((dir / "latest").string(), name + "\n");
+    publish(tmp.string(), manifest.dump(1), img.step);
   } catch (const Error& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -246,69 +496,43 @@ void CheckpointManager::prune(const std::string& just_saved) {
 
 namespace {
 
-// Copies the part of a parameter's checkpoint tensor `src` that lies inside arena range `r` to `dst`,
-// where dst[0] holds arena element r.begin.
-void copy_overlap(float* dst, const spec::ArenaRange& r, const spec::ParamSpec& p, const void* src) {
-  const int64_t a = std::max(p.offset, r.begin), b = std::min(p.offset + p.numel(), r.end);
-  if (a < b)
-    std::memcpy(dst + (a - r.begin), static_cast<const float*>(src) + (a - p.offset), static_cast<size_t>(b - a) * sizeof(float));
-}
-
-// A checkpoint holds whole tensors; a tensor-parallel rank reads its shard of one (padding: zeros).
-// Returns `whole` itself for a whole-model table, else the shard cut into `buffer`.
-const void* shard_of(const void* whole, const spec::ParamSpec& p, const spec::ParamTable& table,
-                     std::vector<float>& buffer) {
-  if (table.shard().whole()) return whole;
-  buffer.assign(static_cast<size_t>(p.numel()), 0.0f);
-  const float* src = static_cast<const float*>(whole);
-  for (int64_t i = 0; i < p.numel(); ++i)
-    if (const int64_t g = table.global_element(p, i); g >= 0) buffer[static_cast<size_t>(i)] = src[g];
-  return buffer.data();
-}
-
-// Copies every tensor the manifest lists into the parameter (and, when given, optimizer) arenas,
-// verifying shape and checksum first; a damaged tensor is named and nothing is half-trusted.
+// Fills the parameter (and, when given, optimizer) arenas from a checkpoint of any layout: each tensor's
+// elements this rank holds, wherever the pieces that hold them are.
 // weights_kept: the arena ranges whose weights this rank holds (a ZeRO-3 shard); empty means all.
 void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::ParameterStore& params, AdamW* adam,
                   std::span<const spec::ArenaRange> weights_kept = {}) {
-  SafetensorsFile model((dir / "model.safetensors").string());
-  std::optional<SafetensorsFile> opt;
-  if (adam) opt.emplace((dir / "optimizer.safetensors").string());
-  size_t model_tensors = 0, optimizer_tensors = 0;
-  std::vector<float> shard;  // this rank's part of the tensor being read
-  for (const auto& entry : m.tensors) {
-    const std::string& key = entry.name;
-    const bool is_model = entry.model;
-    if (!is_model && !adam) continue;
-    if (!params.table().index_of(entry.param)) continue;  // another pipeline stage's
-    model_tensors += is_model;
-    optimizer_tensors += !is_model;
-    const auto& spec = params.table().at(entry.param);
-    const auto& e = is_model ? model.at(key) : opt->at(key);
-    if (e.dtype != DType::F32 || e.shape != spec.global_shape)
-      throw IoError("checkpoint tensor '" + key + "' has shape " + json(e.shape).dump() + ", the model expects " +
-                    json(spec.global_shape).dump());
-    if (checksum_hex(checksum64(e.data, e.nbytes)) != entry.checksum)
-      throw IoError("checkpoint '" + dir.string() + "': tensor '" + key +
-                    "' is corrupted (checksum mismatch); resume from an earlier checkpoint");
-    const void* data = shard_of(e.data, spec, params.table(), shard);
-    if (is_model) {
-      if (weights_kept.empty())
-        std::memcpy(params.master().data<float>() + spec.offset, data, static_cast<size_t>(spec.numel()) * sizeof(float));
-      for (const auto& r : weights_kept) copy_overlap(params.master().data<float>() + r.begin, r, spec, data);
-      continue;
-    }
-    // Moments: only the parts inside this rank's optimizer pieces (all of it without ZeRO).
-    float* local = key.rfind("exp_avg_sq.", 0) == 0 ? adam->v().data<float>() : adam->m().data<float>();
-    for (size_t k = 0; k < adam->pieces().size(); ++k)
-      copy_overlap(local + adam->local_offset(k), adam->pieces()[k], spec, data);
+  CheckpointReader reader(dir, m);
+  const spec::ParamTable& table = params.table();
+  std::map<std::string, std::vector<int64_t>> saved;
+  for (const auto& p : m.params) saved[p.name] = p.shape;
+  // The whole model's tensors first: a checkpoint of another shape or model is refused before anything
+  // is read.
+  for (const auto& p : table.params()) {
+    if (auto it = saved.find(p.name); it != saved.end() && it->second != p.global_shape)
+      throw IoError("checkpoint tensor '" + p.name + "' has shape " + json(it->second).dump() + ", the model expects " +
+                    json(p.global_shape).dump());
+    for (TensorRole role : {TensorRole::Weight, TensorRole::ExpAvg, TensorRole::ExpAvgSq})
+      if ((role == TensorRole::Weight || adam) && !reader.holds(p.name, role))
+        throw IoError("checkpoint '" + dir.string() + "' holds no " + role_name(role) + " of tensor '" + p.name +
+                      "' that this model needs; it is not a checkpoint of this model");
   }
-  if (model_tensors != params.table().params().size())
-    throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(model_tensors) +
-                  " weight tensors; this model needs " + std::to_string(params.table().params().size()));
-  if (adam && optimizer_tensors != 2 * params.table().params().size())
-    throw IoError("checkpoint '" + dir.string() + "' holds " + std::to_string(optimizer_tensors) +
-                  " optimizer tensors; AdamW needs two per parameter");
+  float* master = params.master().data<float>();
+  for (const auto& p : table.params()) {
+    const spec::ArenaRange whole{p.offset, p.offset + p.numel()};
+    const auto kept = weights_kept.empty() ? std::vector<spec::ArenaRange>{whole}
+                                           : spec::intersect({weights_kept.begin(), weights_kept.end()}, {whole});
+    for (const auto& r : kept) reader.read(table, p, TensorRole::Weight, r.begin - p.offset, r.end - p.offset, master + r.begin);
+    if (!adam) continue;
+    // Moments: only the parts inside this rank's optimizer pieces (all of it without ZeRO).
+    for (size_t k = 0; k < adam->pieces().size(); ++k) {
+      const auto& piece = adam->pieces()[k];
+      const int64_t a = std::max(piece.begin, whole.begin), b = std::min(piece.end, whole.end);
+      if (a >= b) continue;
+      const int64_t local = adam->local_offset(k) + (a - piece.begin);
+      reader.read(table, p, TensorRole::ExpAvg, a - p.offset, b - p.offset, adam->m().data<float>() + local);
+      reader.read(table, p, TensorRole::ExpAvgSq, a - p.offset, b - p.offset, adam->v().data<float>() + local);
+    }
+  }
 }
 
 }  // namespace
@@ -343,9 +567,10 @@ std::string resolve_checkpoint(const std::string& path) {
 ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
   const fs::path dir = resolve_checkpoint(path);
   const CheckpointManifest m = read_checkpoint_manifest(dir.string());
-  if (m.version != kCheckpointVersion)
+  if (m.version < kOldestCheckpointVersion || m.version > kCheckpointVersion)
     throw IoError("'" + dir.string() + "' is a Loom checkpoint of version " + std::to_string(m.version) +
-                  "; this build reads version " + std::to_string(kCheckpointVersion));
+                  "; this build reads versions " + std::to_string(kOldestCheckpointVersion) + " to " +
+                  std::to_string(kCheckpointVersion));
   const auto& cfg = trainer.config();
   RunConfig saved = parse_run_config(m.config_toml, dir.string() + "/manifest.json");
   ResumeReport report;

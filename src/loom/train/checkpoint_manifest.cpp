@@ -49,6 +49,15 @@ bool plain_name(const std::string& name) {
 
 }  // namespace
 
+const char* role_name(TensorRole role) {
+  switch (role) {
+    case TensorRole::Weight: return "weight";
+    case TensorRole::ExpAvg: return "exp_avg";
+    case TensorRole::ExpAvgSq: return "exp_avg_sq";
+  }
+  return "?";
+}
+
 CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& origin) {
   const Fields f{origin};
   json m;
@@ -76,19 +85,66 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   out.config_toml = f.string(f.at(m, "config_toml", "the manifest"), "config_toml");
   const json& tensors = f.at(m, "tensors", "the manifest");
   if (!tensors.is_array()) f.fail("tensors is not an array");
+  auto shape_of = [&](const json& v, const std::string& what) {
+    if (!v.is_array()) f.fail(what + " is not an array");
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < v.size(); ++d) shape.push_back(f.count(v[d], what + "[" + std::to_string(d) + "]"));
+    return shape;
+  };
   for (size_t i = 0; i < tensors.size(); ++i) {
     const json& e = tensors[i];
     const std::string where = "tensors[" + std::to_string(i) + "]";
     CheckpointTensorEntry t;
     t.name = f.string(f.at(e, "name", where), where + ".name");
     t.param = f.string(f.at(e, "param", where), where + ".param");
-    const std::string file = f.string(f.at(e, "file", where), where + ".file");
-    if (file != "model.safetensors" && file != "optimizer.safetensors")
-      f.fail(where + ".file is '" + file + "' (valid: model.safetensors, optimizer.safetensors)");
-    t.model = file == "model.safetensors";
+    t.file = f.string(f.at(e, "file", where), where + ".file");
+    if (!plain_name(t.file) || !t.file.ends_with(".safetensors"))
+      f.fail(where + ".file '" + t.file + "' is not a .safetensors file in the checkpoint folder");
+    if (e.contains("role")) {
+      const std::string role = f.string(e["role"], where + ".role");
+      if (role == "weight") t.role = TensorRole::Weight;
+      else if (role == "exp_avg") t.role = TensorRole::ExpAvg;
+      else if (role == "exp_avg_sq") t.role = TensorRole::ExpAvgSq;
+      else f.fail(where + ".role is '" + role + "' (valid: weight, exp_avg, exp_avg_sq)");
+    } else {  // version 1: the file says weight or moment, the key's prefix which moment
+      if (t.file != "model.safetensors" && t.file != "optimizer.safetensors")
+        f.fail(where + ".file is '" + t.file + "' (valid: model.safetensors, optimizer.safetensors)");
+      t.role = t.file == "model.safetensors"          ? TensorRole::Weight
+               : t.name.rfind("exp_avg_sq.", 0) == 0 ? TensorRole::ExpAvgSq
+                                                      : TensorRole::ExpAvg;
+    }
     t.checksum = f.string(f.at(e, "checksum", where), where + ".checksum");
+    if (e.contains("runs")) {
+      const json& runs = e["runs"];
+      if (!runs.is_array()) f.fail(where + ".runs is not an array");
+      for (size_t k = 0; k < runs.size(); ++k) {
+        const std::string rw = where + ".runs[" + std::to_string(k) + "]";
+        if (!runs[k].is_array() || runs[k].size() != 4) f.fail(rw + " is not [global, length, stride, count]");
+        PieceRun r{f.count(runs[k][0], rw), f.count(runs[k][1], rw), f.count(runs[k][2], rw), f.count(runs[k][3], rw)};
+        if (r.length > (int64_t{1} << 40) || r.count > (int64_t{1} << 40) || r.stride > (int64_t{1} << 50) ||
+            r.global > (int64_t{1} << 50))
+          f.fail(rw + " is out of range");
+        t.runs.push_back(r);
+      }
+      if (t.runs.empty()) f.fail(where + ".runs is empty");
+    } else if (t.role == TensorRole::Weight && e.contains("shape") && !m.contains("params")) {
+      out.params.push_back({t.param, shape_of(e["shape"], where + ".shape"), e.contains("placement") && e["placement"].is_string() ? e["placement"].get<std::string>() : ""});
+    }
     out.tensors.push_back(std::move(t));
   }
+  if (m.contains("params")) {
+    const json& params = m["params"];
+    if (!params.is_array()) f.fail("params is not an array");
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string where = "params[" + std::to_string(i) + "]";
+      CheckpointParam p;
+      p.name = f.string(f.at(params[i], "name", where), where + ".name");
+      p.shape = shape_of(f.at(params[i], "shape", where), where + ".shape");
+      if (params[i].contains("placement")) p.placement = f.string(params[i]["placement"], where + ".placement");
+      out.params.push_back(std::move(p));
+    }
+  }
+  if (m.contains("ranks")) out.ranks = f.count(m["ranks"], "ranks");
   return out;
 }
 

@@ -8,16 +8,35 @@
 #include <string>
 #include <vector>
 
+#include "loom/train/checkpoint_pieces.h"
+
 namespace loom::train {
 
 inline constexpr const char* kCheckpointFormat = "loom-checkpoint";
-inline constexpr int kCheckpointVersion = 1;
+// 1: whole tensors in model.safetensors and optimizer.safetensors. 2: pieces, each rank's in its own files,
+// every entry saying where its elements sit in the whole tensor (whole tensors are the one-piece case).
+inline constexpr int kCheckpointVersion = 2;
+inline constexpr int kOldestCheckpointVersion = 1;
+
+// What an entry holds of its parameter: the master weights or one of the AdamW moments.
+enum class TensorRole { Weight, ExpAvg, ExpAvgSq };
+const char* role_name(TensorRole role);
 
 struct CheckpointTensorEntry {
   std::string name;      // the key in its safetensors file
   std::string param;     // the parameter it belongs to (the weight itself or one of its AdamW moments)
-  bool model = true;     // in model.safetensors; false: optimizer.safetensors
+  std::string file;      // the safetensors file in the checkpoint folder holding it
+  TensorRole role = TensorRole::Weight;
   std::string checksum;  // checksum_hex of the tensor's bytes
+  // Where its elements sit in the whole tensor; empty: it is the whole tensor.
+  std::vector<PieceRun> runs;
+  bool model() const { return role == TensorRole::Weight; }
+};
+
+struct CheckpointParam {
+  std::string name;
+  std::vector<int64_t> shape;  // the whole tensor's
+  std::string placement;       // as trained ("" when the manifest does not say)
 };
 
 struct CheckpointTokenizer {
@@ -33,6 +52,8 @@ struct CheckpointManifest {
   std::optional<CheckpointTokenizer> tokenizer;  // absent when trained on synthetic data
   std::string config_toml;                       // the resolved run configuration
   std::vector<CheckpointTensorEntry> tensors;
+  std::vector<CheckpointParam> params;  // every parameter the checkpoint holds, whole shapes
+  int64_t ranks = 1;                    // how many ranks wrote it (files)
 };
 
 // Parses and checks a manifest's text; `origin` names it in errors. Throws IoError naming the file and

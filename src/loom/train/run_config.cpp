@@ -190,6 +190,8 @@ const std::vector<Field>& fields() {
       LOOM_STRING("checkpoint.dir", checkpoint.dir, "directory of this run's checkpoints (step-NNNNNNNN/ and `latest`)"),
       LOOM_INT("checkpoint.save_every", checkpoint.save_every, 0, kMaxCount, "steps between checkpoints (0: only on SIGTERM)"),
       LOOM_INT("checkpoint.keep", checkpoint.keep, 0, 1048576, "keep the newest K checkpoints of this run (0: all)"),
+      LOOM_STRING("checkpoint.format", checkpoint.format,
+                  "\"sharded\" (each rank writes its own pieces, rank 0 the index) or \"whole\" (gathered to rank 0 as whole tensors)"),
       LOOM_BOOL("checkpoint.async", checkpoint.async,
                 "periodic saves: rank 0 copies the state at the step boundary and writes it on a background thread "
                 "while training goes on (the last and a preempted run's saves are waited for)"),
@@ -357,6 +359,8 @@ void RunConfig::validate() const {
        "data.source = \"shards\" needs data.dir: the folder `loom prepare --out DIR` wrote");
   need(checkpoint.save_every >= 0 && checkpoint.keep >= 0, "checkpoint.save_every and checkpoint.keep must be >= 0");
   need(!checkpoint.dir.empty(), "checkpoint.dir must not be empty");
+  need(checkpoint.format == "sharded" || checkpoint.format == "whole",
+       "checkpoint.format = \"" + checkpoint.format + "\" is not a checkpoint format (\"sharded\" or \"whole\")");
   const ParallelSection& p = parallel;
   need(p.bucket_kb >= 0 && p.bucket_kb <= (int64_t{1} << 24),
        "parallel.bucket_kb must be 0..16777216 (0: one all-reduce after backward)");

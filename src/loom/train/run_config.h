@@ -57,7 +57,10 @@ struct CheckpointSection {
   std::string dir = "checkpoints";
   int64_t save_every = 0;  // 0: no periodic checkpoints (SIGTERM still saves one)
   int64_t keep = 0;        // 0: keep all; else prune this run's older checkpoints beyond the newest K
-  bool async = false;      // rank 0 copies the state and writes it on a background thread
+  bool async = false;      // each writing rank copies its state and writes it on a background thread
+  // "sharded": every rank writes its own pieces and rank 0 the index (no rank gathers the model);
+  // "whole": the state is gathered to rank 0 and written as whole tensors (one model.safetensors).
+  std::string format = "sharded";
 };
 
 struct TraceSection {

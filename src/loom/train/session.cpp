@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -122,6 +124,17 @@ SessionSummary Session::run() {
       if (comm::ProcessGroup* g = mesh->group(axis)) group_tracing.groups.push_back(g);
     for (auto* g : group_tracing.groups) g->set_tracer(&tracer);
   }
+  if (const char* cap = std::getenv("LOOM_MEMORY_LIMIT"); cap && *cap) {
+    // Bytes, or with a K / M / G suffix (powers of 1024).
+    char* end = nullptr;
+    const double v = std::strtod(cap, &end);
+    const std::string unit(end);
+    const double scale = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1;
+    if (end == cap || scale < 0 || v <= 0)
+      throw ConfigError(std::string("LOOM_MEMORY_LIMIT = '") + cap + "' is not a size (bytes, or a number with K, M or G)");
+    alloc.set_limit(static_cast<size_t>(v * scale));
+    say(fmt::format("memory limit: {:.1f} MiB per rank (LOOM_MEMORY_LIMIT)", v * scale / 1048576.0));
+  }
   kernels::CpuBackend backend(alloc, &tracer, o.threads);
   RunIdentity id{o.version, o.commit, backend.describe(), o.threads, 0, ""};
   say(fmt::format("loom {} ({}) | {}", id.version, id.commit, id.backend));
@@ -197,7 +210,15 @@ SessionSummary Session::run() {
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");
   if (o.check_replicas > 0 && trainer.zero_stage() == 3)
     say("note: --check-replicas has nothing to compare under parallel.zero = 3 (no state is replicated); skipped");
-  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming);
+  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming, world ? world->rank() : 0,
+                                world ? world->size() : 1);
+  if (world) {
+    // A sharded save's ranks write into one folder named by the run: rank 0's id is everyone's.
+    std::array<int32_t, 32> id_buf{};
+    std::memcpy(id_buf.data(), checkpoints.run_id().data(), std::min(checkpoints.run_id().size(), sizeof(id_buf) - 1));
+    world->group().broadcast(id_buf.data(), id_buf.size(), DType::I32, 0).wait();
+    checkpoints.set_run_id(std::string(reinterpret_cast<const char*>(id_buf.data())));
+  }
   if (resuming) {
     std::string from = !resume_from.empty() ? resume_from : checkpoints.latest().value_or("");
     if (from.empty())
@@ -242,6 +263,7 @@ SessionSummary Session::run() {
     out << nlohmann::json{{"rank", world->rank()}, {"groups", groups}}.dump(1) << "\n";
   };
   AsyncCheckpointWriter writer(checkpoints);
+  const bool sharded = cfg.checkpoint.format == "sharded";
   bool writer_busy = false;  // rank 0's background write was in flight at this step boundary
   auto report_saved = [&](std::optional<AsyncCheckpointWriter::Saved> saved) {
     if (!saved) return;
@@ -270,24 +292,29 @@ SessionSummary Session::run() {
         // Rank 0 also tells whether a background checkpoint write is still in flight: a save now would
         // wait for it, and the others must then wait for it in the save's barrier (whose deadline is a
         // save's), not in the next step's collectives (whose deadline is a hang's).
-        int32_t flags[2] = {sum.stop_signal, sum.lead && writer.in_flight() ? 1 : 0};
+        int32_t flags[2] = {sum.stop_signal, writer.in_flight() ? 1 : 0};
         world->group().all_reduce(flags, flags, 2, DType::I32, comm::ReduceOp::kMax).wait();
         sum.stop_signal = flags[0];
         writer_busy = flags[1] != 0;
       }
       const bool preempted = sum.stop_signal != 0;
-      if (sum.lead) report_saved(writer.finished());
+      report_saved(writer.finished());
       if (periodic || final || preempted) {
-        // Replicas: rank 0's weights are everyone's; ZeRO moments (and ZeRO-3 weights) are first gathered.
-        trainer.gather_full_state();
+        // Sharded: every rank writes its own pieces, nothing is gathered. Whole: rank 0's weights are
+        // everyone's; ZeRO moments (and ZeRO-3 weights) and tp / pp shards are first gathered on it.
+        if (!sharded) trainer.gather_full_state();
         // Asynchronous: a periodic save is a copy here and a write behind the next steps; the last one
         // and a preempted run's are written before the run ends (waiting for one in flight first).
         const bool behind = cfg.checkpoint.async && periodic && !final && !preempted;
-        if (sum.lead) {
+        auto capture = [&](Tensor* into, Allocator* alloc) {
+          return sharded ? checkpoints.capture_shard(trainer, s.step, into, alloc)
+                         : checkpoints.capture(trainer, s.step, into, alloc);
+        };
+        if (sharded || sum.lead) {
           profile::Span span(&tracer, behind ? "checkpoint_snapshot" : "checkpoint_save", profile::Category::Host);
           if (behind) {
             report_saved(writer.wait());  // the copy buffer is free again
-            writer.submit(checkpoints.capture(trainer, s.step, &writer.buffer(), &backend.allocator()));
+            writer.submit(capture(&writer.buffer(), &backend.allocator()));
           } else {
             // The last save and a preempted run's are made even when an earlier background write failed
             // (that failure is said, and the run's work is still saved).
@@ -296,10 +323,11 @@ SessionSummary Session::run() {
             } catch (const Error& e) {
               say(std::string("warning: ") + e.what() + "; saving step " + std::to_string(s.step) + " now");
             }
-            say("checkpoint saved: " + checkpoints.save(trainer, s.step));
+            const std::string path = checkpoints.write(capture(nullptr, nullptr));
+            say("checkpoint saved: " + path);
           }
         }
-        trainer.release_full_state();
+        if (!sharded) trainer.release_full_state();
         // The others wait here, not in the next collective, for rank 0's write: a large checkpoint may
         // take longer than LOOM_COMM_TIMEOUT, which is sized for a hang, not for a save. Behind
         // training nobody waits, unless rank 0 first waited for the previous write.

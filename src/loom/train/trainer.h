@@ -101,6 +101,7 @@ class Trainer {
   int64_t start_step() const { return start_step_; }
   void set_start_step(int64_t step) { start_step_ = step; }
   AdamW& optimizer() { return *optimizer_; }
+  const parallel::Parallelism& parallelism() const { return par_; }
 
   model::ParameterStore& params() { return *params_; }
   model::Transformer& model() { return *model_; }
