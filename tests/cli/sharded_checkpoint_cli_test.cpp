@@ -95,6 +95,44 @@ TEST(ShardedCheckpoint, ATp2Pp2Dp2CheckpointResumesAtAnyLayout) {
   fs::remove_all(one), fs::remove_all(full), fs::remove_all(half);
 }
 
+// Item 4: `loom ckpt convert --to-layout` writes the checkpoint the target layout would have saved: its
+// ranks' files, verified by inspect, resuming at that layout exactly as resuming from the original does;
+// --to hf exports the same weights; a layout the model cannot take is refused before anything is written.
+TEST(ShardedCheckpoint, ConvertRewritesACheckpointForAnotherLayoutAndToHf) {
+  const std::string saved_layout = "--set parallel.tp=2 --set parallel.dp=2";
+  auto half = scratch_dir("conv-half");
+  ASSERT_EQ(train(half, 4, saved_layout, 3, "--save-every 3").rc, 0);
+  auto conv = scratch_dir("conv-out");
+  fs::remove_all(conv);
+  auto r = run_loom("ckpt convert " + (half / "ck").string() + " " + (conv / "ck").string() +
+                    " --to-layout \"tp=4,pp=2,zero=1\"");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const fs::path ck = conv / "ck" / "step-00000003";
+  EXPECT_TRUE(fs::exists(ck / "model-rank00007.safetensors"));
+  auto inspect = run_loom("ckpt inspect " + ck.string());
+  EXPECT_EQ(inspect.rc, 0) << inspect.out;
+  EXPECT_THAT(inspect.out, HasSubstr("saved from: dp=1 tp=4 pp=2 zero=1"));
+  for (auto role : {train::TensorRole::Weight, train::TensorRole::ExpAvg, train::TensorRole::ExpAvgSq})
+    EXPECT_TRUE(checkpoint_tensors(ck, role) == checkpoint_tensors(half / "ck" / "step-00000003", role))
+        << train::role_name(role);
+  // Resuming the converted checkpoint at its layout continues exactly as resuming the original there.
+  const std::string target = "--set parallel.tp=4 --set parallel.pp=2 --set parallel.zero=1";
+  auto direct = scratch_dir("conv-direct");
+  fs::copy(half / "ck", direct / "ck", fs::copy_options::recursive);
+  ASSERT_EQ(train(direct, 8, target, 5, "--save-every 0 --resume").rc, 0);
+  r = train(conv, 8, target, 5, "--save-every 0 --resume");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(losses(conv / "out"), losses(direct / "out"));
+  r = run_loom("ckpt convert " + ck.string() + " " + (conv / "model.safetensors").string() + " --to hf");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(conv / "model.safetensors"));
+  r = run_loom("ckpt convert " + ck.string() + " " + (conv / "bad").string() + " --to-layout tp=3");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("parallel.tp = 3 does not divide model.n_heads = 4"));
+  EXPECT_FALSE(fs::exists(conv / "bad"));
+  fs::remove_all(half), fs::remove_all(conv), fs::remove_all(direct);
+}
+
 // Item 1: a rank never holds more than its own state to save. With ZeRO-3 over 4 ranks and a per-rank
 // memory limit below the whole model state, the sharded save succeeds; gathering it on rank 0 (the whole
 // format) is refused by the limit, naming it.

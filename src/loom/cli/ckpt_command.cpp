@@ -15,6 +15,7 @@
 #include "loom/core/safetensors.h"
 #include "loom/error.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_convert.h"
 #include "loom/train/checkpoint_manifest.h"
 #include "loom/train/run_config.h"
 
@@ -165,6 +166,22 @@ int inspect(const InspectOptions& o) {
   return 1;
 }
 
+struct ConvertOptions {
+  std::string src, out, to, layout, dtype = "f32";
+};
+
+int convert(const ConvertOptions& o) {
+  if (o.to.empty() == o.layout.empty())
+    throw ConfigError("loom ckpt convert: give exactly one of --to hf and --to-layout \"dp=..,tp=..,pp=..,zero=..\"");
+  if (!o.to.empty()) {
+    if (o.to != "hf") throw ConfigError("loom ckpt convert --to '" + o.to + "': the only target format is hf");
+    return run_export(o.src, o.out, "hf", o.dtype);
+  }
+  const std::string path = train::convert_checkpoint_layout(o.src, o.out, train::parse_target_layout(o.layout));
+  fmt::print(stderr, "converted {} to {} for layout {}\n", train::resolve_checkpoint(o.src), path, o.layout);
+  return 0;
+}
+
 }  // namespace
 
 void register_ckpt(CLI::App& app, Action& action) {
@@ -179,6 +196,19 @@ void register_ckpt(CLI::App& app, Action& action) {
       ->required();
   inspect_cmd->add_flag("--json", o->json, "print it as JSON");
   inspect_cmd->callback([&action, o] { action = [o] { return inspect(*o); }; });
+
+  auto c = std::make_shared<ConvertOptions>();
+  auto* convert_cmd = cmd->add_subcommand(
+      "convert",
+      "Rewrite a checkpoint for another layout (--to-layout: the sharded files that layout saves) or as "
+      "Hugging Face safetensors (--to hf)");
+  convert_cmd->add_option("src", c->src, "a checkpoint folder (step-NNNNNNNN) or a checkpoint.dir (its latest)")
+      ->required();
+  convert_cmd->add_option("out", c->out, "--to-layout: a new checkpoint.dir; --to hf: the output .safetensors file (as `loom export --out`)")->required();
+  convert_cmd->add_option("--to", c->to, "hf: Hugging Face safetensors + config.json (as `loom export`)");
+  convert_cmd->add_option("--to-layout", c->layout, "e.g. \"dp=4,tp=2,pp=1,zero=1\" (unnamed axes: 1, zero: 0)");
+  convert_cmd->add_option("--dtype", c->dtype, "--to hf: f32 or bf16 (default f32)");
+  convert_cmd->callback([&action, c] { action = [c] { return convert(*c); }; });
 }
 
 }  // namespace loom::cli

@@ -17,6 +17,8 @@ void register_train(CLI::App& app, Action& action);
 void register_info(CLI::App& app, Action& action);
 void register_generate(CLI::App& app, Action& action);
 void register_interchange(CLI::App& app, Action& action);  // export + import
+// `loom export`'s work (also `loom ckpt convert --to hf`): a checkpoint's weights as Hugging Face files.
+int run_export(const std::string& checkpoint, const std::string& out, const std::string& format, const std::string& dtype);
 void register_plan(CLI::App& app, Action& action);
 void register_prepare(CLI::App& app, Action& action);
 void register_calibrate(CLI::App& app, Action& action);

@@ -15,18 +15,6 @@ void require_hf(const std::string& format) {
   if (format != "hf") throw ConfigError("--format '" + format + "' is not supported (valid: hf)");
 }
 
-int run_export(const std::string& checkpoint, const std::string& out, const std::string& format, const std::string& dtype) {
-  require_hf(format);
-  const train::RunConfig cfg = train::checkpoint_config(checkpoint);
-  Allocator alloc;
-  model::ParameterStore params(spec::build_param_table(cfg.model.resolved), model::Precision::FP32, alloc);
-  train::load_model_weights(checkpoint, params);
-  train::export_hf(out, params, cfg.model.resolved, parse_dtype(dtype), cfg.to_toml());
-  fmt::print(stderr, "exported {} ({}, {}) to {} with Hugging Face {} names\n", train::resolve_checkpoint(checkpoint),
-             cfg.model.preset, spec::arch_name(cfg.model.resolved.arch), out,
-             cfg.model.resolved.arch == spec::Arch::GPT2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
-  return 0;
-}
 
 int run_import(const std::string& in, const std::string& config, const std::vector<std::string>& sets,
                const std::string& out, const std::string& format) {
@@ -57,6 +45,19 @@ int run_import(const std::string& in, const std::string& config, const std::vect
 }
 
 }  // namespace
+
+int run_export(const std::string& checkpoint, const std::string& out, const std::string& format, const std::string& dtype) {
+  require_hf(format);
+  const train::RunConfig cfg = train::checkpoint_config(checkpoint);
+  Allocator alloc;
+  model::ParameterStore params(spec::build_param_table(cfg.model.resolved), model::Precision::FP32, alloc);
+  train::load_model_weights(checkpoint, params);
+  train::export_hf(out, params, cfg.model.resolved, parse_dtype(dtype), cfg.to_toml());
+  fmt::print(stderr, "exported {} ({}, {}) to {} with Hugging Face {} names\n", train::resolve_checkpoint(checkpoint),
+             cfg.model.preset, spec::arch_name(cfg.model.resolved.arch), out,
+             cfg.model.resolved.arch == spec::Arch::GPT2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
+  return 0;
+}
 
 void register_interchange(CLI::App& app, Action& action) {
   auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as Hugging Face safetensors");

@@ -208,15 +208,39 @@ int64_t product(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+void add_piece(CheckpointImage& img, const spec::ParamSpec& p, const SavePiece& piece, const float* const data[3],
+               std::unordered_map<std::string, int>& seen) {
+  const int64_t n = piece.end - piece.begin;
+  // A piece that is the whole tensor keeps the tensor's shape and plain name (what one rank alone, and
+  // a pipeline stage's whole tensors, write): those files read like the whole format's.
+  const bool whole = piece.runs.size() == 1 && piece.runs[0].global == 0 && n == product(p.global_shape);
+  const std::vector<int64_t> shape = whole ? p.global_shape : std::vector<int64_t>{n};
+  const int k = seen[p.name]++;
+  const std::string key = k == 0 ? p.name : fmt::format("{}@{}", p.name, piece.begin - p.offset);
+  auto add = [&](std::vector<SafetensorsEntry>& file, const std::string& file_name, TensorRole role,
+                 const std::string& name, const float* values) {
+    file.push_back({name, DType::F32, shape, values, static_cast<size_t>(n) * sizeof(float)});
+    img.index.push_back({{"name", name}, {"param", p.name}, {"file", file_name}, {"role", role_name(role)},
+                         {"dtype", "F32"}, {"shape", shape}, {"runs", runs_json(piece.runs)}});
+  };
+  add(img.model, img.model_file, TensorRole::Weight, key, data[0]);
+  add(img.optimizer, img.optimizer_file, TensorRole::ExpAvg, "exp_avg." + key, data[1]);
+  add(img.optimizer, img.optimizer_file, TensorRole::ExpAvgSq, "exp_avg_sq." + key, data[2]);
+}
+
+void name_shard_files(CheckpointImage& img, int rank, int ranks) {
+  img.sharded = true;
+  img.rank = rank, img.ranks = ranks;
+  if (ranks > 1) {
+    img.model_file = fmt::format("model-rank{:05d}.safetensors", rank);
+    img.optimizer_file = fmt::format("optimizer-rank{:05d}.safetensors", rank);
+  }
+}
+
 CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tensor* copy_into, Allocator* alloc) const {
   CheckpointImage img;
   img.step = step;
-  img.sharded = true;
-  img.rank = rank_, img.ranks = ranks_;
-  if (ranks_ > 1) {
-    img.model_file = fmt::format("model-rank{:05d}.safetensors", rank_);
-    img.optimizer_file = fmt::format("optimizer-rank{:05d}.safetensors", rank_);
-  }
+  name_shard_files(img, rank_, ranks_);
   const auto& cfg = t.config();
   const auto& par = t.parallelism();
   const spec::ParamTable& table = t.params().table();
@@ -255,21 +279,7 @@ CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tenso
         std::memcpy(copy, s, bytes);
         s = copy, copy += n;
       }
-    // A piece that is the whole tensor keeps the tensor's shape and plain name (what one rank alone, and
-    // a pipeline stage's whole tensors, write): those files read like the whole format's.
-    const bool whole = piece.runs.size() == 1 && piece.runs[0].global == 0 && n == product(p.global_shape);
-    const std::vector<int64_t> shape = whole ? p.global_shape : std::vector<int64_t>{n};
-    const int k = seen[p.name]++;
-    const std::string key = k == 0 ? p.name : fmt::format("{}@{}", p.name, piece.begin - p.offset);
-    auto add = [&](std::vector<SafetensorsEntry>& file, const std::string& file_name, TensorRole role,
-                   const std::string& name, const float* data) {
-      file.push_back({name, DType::F32, shape, data, bytes});
-      img.index.push_back({{"name", name}, {"param", p.name}, {"file", file_name}, {"role", role_name(role)},
-                           {"dtype", "F32"}, {"shape", shape}, {"runs", runs_json(piece.runs)}});
-    };
-    add(img.model, img.model_file, TensorRole::Weight, key, src[0]);
-    add(img.optimizer, img.optimizer_file, TensorRole::ExpAvg, "exp_avg." + key, src[1]);
-    add(img.optimizer, img.optimizer_file, TensorRole::ExpAvgSq, "exp_avg_sq." + key, src[2]);
+    add_piece(img, p, piece, src, seen);
   }
   const auto& data = t.data();
   img.tokenizer_file = data.tokenizer_file();

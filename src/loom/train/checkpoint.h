@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "loom/core/safetensors.h"
+#include "loom/train/checkpoint_pieces.h"
 #include "loom/train/trainer.h"
 
 namespace loom::train {
@@ -45,6 +47,14 @@ struct CheckpointImage {
   std::string tokenizer_file, tokenizer_hash;
   Tensor owned;                                    // the copied state (asynchronous saves)
 };
+
+// The sharded format's file names for `rank` of `ranks` (one rank alone: model.safetensors, ...).
+void name_shard_files(CheckpointImage& img, int rank, int ranks);
+// Appends one piece of parameter p -- its weights and two moments, `data` each piece.end - piece.begin
+// floats -- to a sharded image, keyed and indexed as every sharded save writes it. `seen` counts the
+// pieces of each parameter already in the image (a second one gets the key "<name>@<first element>").
+void add_piece(CheckpointImage& img, const spec::ParamSpec& p, const SavePiece& piece, const float* const data[3],
+               std::unordered_map<std::string, int>& seen);
 
 class CheckpointManager {
  public:
