@@ -6,7 +6,9 @@
 # median wall time of each run, what each save cost it, (wall - wall without saves) / saves, and the
 # median stall of a periodic save at its step boundary (the trace's checkpoint_save span, or
 # checkpoint_snapshot's when asynchronous; rank 0). The last save is synchronous in both modes (a run
-# waits for its final checkpoint), and the disk's write-back makes the wall times noisy.
+# waits for its final checkpoint), and the disk's write-back makes the wall times noisy. Under dp=2 a
+# fourth mode, "whole", is the synchronous save in checkpoint.format = "whole" (gathered and written by
+# rank 0) against the default sharded format (each rank writes its half).
 #   bash bench/checkpoint_async.sh [rounds] [steps] [build-dir]
 source "$(dirname "$0")/training_run_setup.sh"
 
@@ -36,20 +38,23 @@ for setting in "dp2 2 --set parallel.dp=2" "1rank-1thread 1 --set train.threads=
   set -- $setting
   name=$1 ranks=$2
   shift 2
+  modes="none sync async"
+  [ "$ranks" -gt 1 ] && modes="none whole sync async"
   declare -A wall=() stall=()
   for ((r = 1; r <= rounds; r++)); do
-    for k in none sync async; do
-      every=4 async=false
+    for k in $modes; do
+      every=4 async=false format=sharded
       [ $k = none ] && every=0
       [ $k = async ] && async=true
-      wall[$k]+="$(run "$ranks" $every $async "$@") "
+      [ $k = whole ] && format=whole
+      wall[$k]+="$(run "$ranks" $every $async "$@" --set checkpoint.format=$format) "
       stall[$k]+="$(cat "$tmp/stall") "
     done
   done
   base=$(echo "${wall[none]}" | median)
   echo "mini (bf16), $name, $steps steps, a save every 4 ($saves saves of $(cat "$tmp/size")), $rounds rounds (medians)"
   printf "%-8s %9s %14s %18s   (runs)\n" saves "wall s" "per save s" "stall per save ms"
-  for k in none sync async; do
+  for k in $modes; do
     m=$(echo "${wall[$k]}" | median)
     st=-
     [ $k != none ] && st=$(echo "${stall[$k]}" | median)

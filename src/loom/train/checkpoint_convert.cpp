@@ -51,6 +51,12 @@ TargetLayout parse_target_layout(const std::string& text) {
 
 std::string convert_checkpoint_layout(const std::string& src_path, const std::string& out, const TargetLayout& to) {
   const fs::path src = resolve_checkpoint(src_path);
+  {
+    std::error_code ec;
+    if (fs::exists(out, ec) && !fs::is_empty(out, ec))
+      throw ConfigError("loom ckpt convert: '" + out + "' exists and is not empty; give a new folder for the converted "
+                        "checkpoint (nothing was overwritten)");
+  }
   const CheckpointManifest m = read_checkpoint_manifest(src.string());
   // The target's config: the source's with the new layout, validated as a run's would be.
   RunConfig cfg = parse_run_config(m.config_toml, (src / "manifest.json").string());
