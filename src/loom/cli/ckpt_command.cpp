@@ -17,6 +17,7 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_convert.h"
 #include "loom/train/checkpoint_manifest.h"
+#include "loom/train/checkpoint_reader.h"
 #include "loom/train/run_config.h"
 
 namespace loom::cli {
@@ -35,32 +36,6 @@ struct TensorRow {
   std::vector<int64_t> shape;
   size_t bytes = 0;
 };
-
-struct PieceIndexCheck {
-  std::vector<std::string> holes;  // "tensor (role): element N is in no piece"
-};
-
-PieceIndexCheck check_coverage(const train::CheckpointManifest& m) {
-  train::PieceIndex index;
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const auto& t = m.tensors[i];
-    int64_t whole = 1;
-    for (const auto& p : m.params)
-      if (p.name == t.param)
-        for (int64_t d : p.shape) whole *= d;
-    index.add(t.param + "/" + train::role_name(t.role), i,
-              t.runs.empty() ? std::vector<train::PieceRun>{{0, whole, whole, 1}} : t.runs);
-  }
-  PieceIndexCheck out;
-  for (const auto& p : m.params) {
-    int64_t n = 1;
-    for (int64_t d : p.shape) n *= d;
-    for (auto role : {train::TensorRole::Weight, train::TensorRole::ExpAvg, train::TensorRole::ExpAvgSq})
-      if (const int64_t gap = index.first_gap(p.name + "/" + train::role_name(role), n); gap < n)
-        out.holes.push_back(fmt::format("{} ({}): element {} of {} is in no piece", p.name, train::role_name(role), gap, n));
-  }
-  return out;
-}
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / 1048576.0); }
 
@@ -98,8 +73,8 @@ int inspect(const InspectOptions& o) {
   }
   // Every element of every tensor held by some piece (a sharded checkpoint whose index leaves a hole
   // cannot be resumed from).
-  PieceIndexCheck coverage = check_coverage(m);
-  bad += coverage.holes.size();
+  const std::vector<std::string> holes = train::CheckpointReader(dir, m).holes();
+  bad += holes.size();
   const std::string layout =
       fmt::format("dp={} tp={} pp={} zero={}{}", cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero,
                   cfg.parallel.sequence_parallel ? " sp" : "");
@@ -125,7 +100,7 @@ int inspect(const InspectOptions& o) {
     if (m.tokenizer) j["tokenizer"] = {{"file", m.tokenizer->file}, {"hash", m.tokenizer->hash}};
     j["ranks"] = m.ranks;
     j["files"] = files.size() + file_errors.size();
-    j["holes"] = coverage.holes;
+    j["holes"] = holes;
     for (const auto& [f, why] : file_errors) j["file_errors"][f] = why;
     for (const auto& r : rows)
       j["tensors"].push_back({{"name", r.name},
@@ -157,7 +132,7 @@ int inspect(const InspectOptions& o) {
     fmt::print("{:<{}}  {:<22} {:<8} {:>12}  {}\n", r.name, name_w, nlohmann::json(r.shape).dump(), r.dtype, r.bytes,
                r.status);
   fmt::print("{} tensors, {} in all\n", rows.size(), mib(static_cast<double>(total_bytes)));
-  for (const auto& h : coverage.holes) fmt::print("NOT COVERED: {}\n", h);
+  for (const auto& h : holes) fmt::print("NOT COVERED: {}\n", h);
   if (bad == 0) {
     fmt::print("all {} checksums verified\n", rows.size());
     return 0;

@@ -427,19 +427,11 @@ json CheckpointManager::merge_parts(const std::string& tmp_dir, int ranks, const
   }
   // Every element of every tensor written once: a layout whose pieces left a hole would be a checkpoint
   // that cannot be loaded, found here rather than at the next resume.
-  PieceIndex index;
-  const CheckpointManifest parsed = parse_checkpoint_manifest(
-      json{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", 0}, {"optimizer", {{"steps", 0}}},
-           {"config_toml", ""}, {"tensors", tensors}}.dump(), tmp_dir + "/part-rank*.json");
-  for (size_t i = 0; i < parsed.tensors.size(); ++i)
-    index.add(parsed.tensors[i].param + "/" + role_name(parsed.tensors[i].role), i, parsed.tensors[i].runs);
-  for (const auto& p : params) {
-    const std::string name = p.at("name");
-    const int64_t numel = product(p.at("shape").get<std::vector<int64_t>>());
-    for (TensorRole role : {TensorRole::Weight, TensorRole::ExpAvg, TensorRole::ExpAvgSq})
-      if (const int64_t gap = index.first_gap(name + "/" + role_name(role), numel); gap < numel)
-        throw IoError(fmt::format("internal: no rank wrote element {} of '{}' ({}) of {}", gap, name, role_name(role), numel));
-  }
+  json draft{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", 0}, {"optimizer", {{"steps", 0}}},
+             {"config_toml", ""}, {"params", params}, {"tensors", tensors}};
+  const CheckpointManifest parsed = parse_checkpoint_manifest(draft.dump(), tmp_dir + "/part-rank*.json");
+  if (const auto holes = CheckpointReader(tmp, parsed).holes(); !holes.empty())
+    throw IoError("internal: the ranks' pieces leave a hole: " + holes.front());
   return tensors;
 }
 

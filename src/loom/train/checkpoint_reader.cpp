@@ -71,6 +71,17 @@ void CheckpointReader::read(const spec::ParamTable& table, const spec::ParamSpec
   });
 }
 
+std::vector<std::string> CheckpointReader::holes() const {
+  std::vector<std::string> out;
+  for (const auto& p : m_.params) {
+    const int64_t n = product(p.shape);
+    for (auto role : {TensorRole::Weight, TensorRole::ExpAvg, TensorRole::ExpAvgSq})
+      if (const int64_t gap = index_.first_gap(key(p.name, role), n); gap < n)
+        out.push_back(fmt::format("{} ({}): element {} of {} is in no piece", p.name, role_name(role), gap, n));
+  }
+  return out;
+}
+
 std::vector<float> CheckpointReader::read_whole(const std::string& param, TensorRole role) {
   const auto s = shape(param);
   if (s.empty() && !holds(param, role))

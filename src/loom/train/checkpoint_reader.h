@@ -34,6 +34,9 @@ class CheckpointReader {
   // padding gets zeros.
   void read(const spec::ParamTable& table, const spec::ParamSpec& p, TensorRole role, int64_t begin, int64_t end,
             float* dst);
+  // Every (tensor, role) of the manifest's params whose elements the pieces do not all cover, as
+  // "name (role): element N of M is in no piece"; empty when the checkpoint is whole. Reads no file.
+  std::vector<std::string> holes() const;
   // The whole tensor.
   std::vector<float> read_whole(const std::string& param, TensorRole role = TensorRole::Weight);
 
