@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "cli_runner.h"
 #include "run_metrics.h"
@@ -19,36 +20,114 @@ using ::testing::HasSubstr;
 
 const std::string kTiny = "--config " LOOM_SOURCE_DIR "/configs/tiny.toml ";
 
-TEST(PrecisionCli, StochasticRoundingIsTheSameUnderEveryLayout) {
+// `loom verify` of tiny GPT-2 and tiny Llama (one KV head: replicated under tp) in `precision` over
+// `layouts`, the first being the reference: every other layout passes at tolerance 1e-4.
+void expect_layouts_agree(const std::string& precision, int steps, const std::string& layouts, int others) {
   for (const char* model : {"--set model.preset=tiny", "--set model.preset=tiny-llama --set model.n_kv_heads=1"}) {
     SCOPED_TRACE(model);
-    auto r =
-        run_loom("verify " + kTiny + "--steps 8 " + std::string(model) +
-                 " --set precision=bf16-sr --set train.batch_size=8 --set train.micro_batch_size=2 --tolerance 1e-4 "
-                 "--layouts \"dp=1;dp=2;dp=2,zero=1;dp=2,zero=3;tp=2;tp=2,sp=1;dp=2,tp=2,zero=1;pp=2\"");
+    auto r = run_loom("verify " + kTiny + "--steps " + std::to_string(steps) + " " + model + " --set precision=" +
+                      precision + " --set train.batch_size=8 --set train.micro_batch_size=2 --tolerance 1e-4 --layouts \"" +
+                      layouts + "\"");
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
-    EXPECT_THAT(r.out, HasSubstr(" bf16-sr, tolerance 0.0001"));
+    EXPECT_THAT(r.out, HasSubstr(" " + precision + ", tolerance 0.0001"));
     EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
-    EXPECT_EQ(count(r.out, "PASS"), 7) << r.out;
+    EXPECT_EQ(count(r.out, "PASS"), others) << r.out;
   }
+}
+
+// `loom train --json` of tiny for 12 steps in `precision`, its output in dir/precision.
+nlohmann::json train_json(const std::filesystem::path& dir, const std::string& precision) {
+  auto r = run_loom("train " + kTiny +
+                    "--quiet --json --set train.steps=12 --set train.eval_every=0 "
+                    "--set checkpoint.save_every=0 --set precision=" +
+                    precision + " --set train.out_dir=" + (dir / precision).string());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  return nlohmann::json::parse(r.out);
+}
+
+TEST(PrecisionCli, StochasticRoundingIsTheSameUnderEveryLayout) {
+  expect_layouts_agree("bf16-sr", 8, "dp=1;dp=2;dp=2,zero=1;dp=2,zero=3;tp=2;tp=2,sp=1;dp=2,tp=2,zero=1;pp=2", 7);
 }
 
 TEST(PrecisionCli, Bf16SrTrainsBesideBf16AndSaysWhichItRan) {
   auto dir = scratch_dir("precision");
-  auto run = [&](const std::string& precision) {
-    auto r = run_loom("train " + kTiny +
-                      "--quiet --json --set train.steps=12 --set train.eval_every=0 "
-                      "--set checkpoint.save_every=0 --set precision=" +
-                      precision + " --set train.out_dir=" + (dir / precision).string());
-    EXPECT_EQ(r.rc, 0) << r.err;
-    return nlohmann::json::parse(r.out);
-  };
-  const auto plain = run("bf16"), sr = run("bf16-sr");
+  const auto plain = train_json(dir, "bf16"), sr = train_json(dir, "bf16-sr");
   EXPECT_EQ(sr["precision"], "bf16-sr");
   EXPECT_EQ(plain["precision"], "bf16");
   const double a = plain["final_loss"].get<double>(), b = sr["final_loss"].get<double>();
   EXPECT_NE(a, b) << "the copies are rounded differently";
   EXPECT_NEAR(a, b, 1e-2 * a);
+  std::filesystem::remove_all(dir);
+}
+
+// bf16-pure (issue 16 item 1): weights and AdamW moments in bf16 only, every update rounded
+// stochastically under the global element's key -- so every layout trains the same model: data
+// parallelism, each ZeRO stage (ZeRO-3 gathers bf16 weights), tp with and without SP, dp x tp and a
+// pipeline; GPT-2 (biases, learned positions, tied head) and Llama with fewer KV heads than tp.
+TEST(PrecisionCli, PureBf16IsTheSameUnderEveryLayout) {
+  expect_layouts_agree("bf16-pure", 6, "dp=1;dp=2;dp=2,zero=2;dp=2,zero=3;tp=2,sp=1;dp=2,tp=2,zero=1;pp=2", 6);
+}
+
+// Memory per parameter, measured by the allocator on one rank: fp32 16 bytes (weights, gradients, m,
+// v), bf16 18 (+ the bf16 copies), bf16-pure 10 (bf16 weights, f32 gradients, bf16 m and v). The loss
+// stays beside bf16's, and the whole-tensor checkpoint format (which gathers f32 masters) is refused.
+TEST(PrecisionCli, PureBf16HoldsTenBytesPerParameterAndTrainsBesideBf16) {
+  auto dir = scratch_dir("pure");
+  const auto f32 = train_json(dir, "fp32"), bf16 = train_json(dir, "bf16"), pure = train_json(dir, "bf16-pure");
+  const double params = f32["live_bytes_by_category"]["gradients"].get<double>() / 4;  // f32 gradients
+  auto state_bytes = [&](const nlohmann::json& j) {
+    const auto& c = j["live_bytes_by_category"];
+    return (c["parameters"].get<double>() + c["gradients"].get<double>() + c["optimizer"].get<double>()) / params;
+  };
+  EXPECT_DOUBLE_EQ(state_bytes(f32), 16.0);
+  EXPECT_DOUBLE_EQ(state_bytes(bf16), 18.0);
+  EXPECT_LE(state_bytes(pure), 10.0);
+  EXPECT_EQ(pure["precision"], "bf16-pure");
+  const double a = bf16["final_loss"].get<double>(), b = pure["final_loss"].get<double>();
+  EXPECT_NEAR(a, b, 2e-2 * a);
+  auto r = run_loom("train " + kTiny + "--set precision=bf16-pure --set checkpoint.format=whole --set train.out_dir=" +
+                    (dir / "whole").string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("checkpoint.format = \"whole\" is not available with precision = \"bf16-pure\""));
+  std::filesystem::remove_all(dir);
+}
+
+// A bf16-pure checkpoint holds the bf16 values widened to f32 (exactly): resuming at the same layout
+// continues bitwise, and a dp=2 x ZeRO-3 checkpoint resumes on one rank and under tp=2.
+TEST(PrecisionCli, PureBf16ResumesBitwiseAndAcrossLayouts) {
+  auto dir = scratch_dir("pure-ck");
+  auto train = [&](const std::string& name, int steps, const std::string& extra, int ranks = 1) {
+    const std::string args = "train " + kTiny + "--quiet --set precision=bf16-pure --set train.steps=" +
+                             std::to_string(steps) + " --set train.eval_every=0 --set train.batch_size=8 "
+                             "--set train.micro_batch_size=2 --set checkpoint.save_every=2 --set train.out_dir=" +
+                             (dir / name / "out").string() + " --save-dir " + (dir / name / "ck").string() + " " + extra;
+    auto r = run_loom(ranks > 1 ? "run -n " + std::to_string(ranks) + " -- loom " + args : args);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return losses(dir / name / "out");
+  };
+  const auto whole = train("whole", 6, "");
+  std::filesystem::create_directories(dir / "again");
+  std::filesystem::copy(dir / "whole" / "ck", dir / "again" / "ck", std::filesystem::copy_options::recursive);
+  std::ofstream(dir / "again" / "ck" / "latest") << "step-00000004\n";
+  const auto resumed = train("again", 6, "--resume");
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed[0], whole[4]);  // bitwise
+  EXPECT_EQ(resumed[1], whole[5]);
+
+  const auto sharded = train("zero3", 6, "--set parallel.dp=2 --set parallel.zero=3", 2);
+  ASSERT_EQ(sharded.size(), 6u);
+  EXPECT_LT(max_rel_diff(sharded, whole), 1e-4);
+  for (const auto& [name, layout, ranks] : {std::tuple{"one", "", 1}, std::tuple{"tp2", "--set parallel.tp=2", 2}}) {
+    SCOPED_TRACE(name);
+    std::filesystem::create_directories(dir / name);
+    std::filesystem::copy(dir / "zero3" / "ck", dir / name / "ck", std::filesystem::copy_options::recursive);
+    std::ofstream(dir / name / "ck" / "latest") << "step-00000004\n";
+    const auto tail = train(name, 6, std::string(layout) + " --resume", ranks);
+    ASSERT_EQ(tail.size(), 2u);
+    EXPECT_NEAR(tail[0], whole[4], 1e-4 * whole[4]);
+    EXPECT_NEAR(tail[1], whole[5], 1e-4 * whole[5]);
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -79,9 +158,10 @@ TEST(PrecisionCli, VerifyNumericsComparesPrecisionsAndPlotsTheCurves) {
 }
 
 TEST(PrecisionCli, AnUnknownPrecisionIsRefusedNamingTheValidOnes) {
-  auto r = run_loom("train " + kTiny + "--set precision=bf16-pure");
+  auto r = run_loom("train " + kTiny + "--set precision=bf16-impure");
   EXPECT_NE(r.rc, 0);
-  EXPECT_THAT(r.err, HasSubstr("precision = 'bf16-pure' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\")"));
+  EXPECT_THAT(r.err, HasSubstr("precision = 'bf16-impure' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\", "
+                               "\"bf16-pure\""));
 }
 
 }  // namespace

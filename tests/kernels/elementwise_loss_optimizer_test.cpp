@@ -290,6 +290,81 @@ TEST_F(ElementwiseTest, AdamWMatchesFloat64OverThreeStepsAndWritesRoundedBf16Cop
   }
 }
 
+// bf16-pure's update (issue 16 item 1): one step from bf16 state against the fp64 formula on the
+// widened values -- within one bf16 ulp of it either way, to nearest without a key -- keyed by the
+// global element (a run cut anywhere and across threads gives the same bits), and unbiased: an update
+// far below bf16's resolution moves the weight on average by exactly its size, where rounding to
+// nearest would lose it every time.
+TEST_F(ElementwiseTest, Bf16AdamWIsTheFloat64UpdateRoundedStochasticallyPerGlobalElement) {
+  const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.5f;
+  const int64_t n = 100003, step = 3;
+  std::vector<bf16> p0(n), m0(n), v0(n);
+  const Vec pf = normal(n, 0.0f, 0.5f), mf = normal(n, 0.0f, 0.1f), vf = normal(n, 0.0f, 0.1f), g = normal(n, 0.0f, 2.0f);
+  for (int64_t i = 0; i < n; ++i) p0[i] = f32_to_bf16(pf[i]), m0[i] = f32_to_bf16(mf[i]), v0[i] = f32_to_bf16(vf[i] * vf[i]);
+  DVec want_p(n), want_m(n), want_v(n);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step), bc2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = static_cast<double>(g[i]) * grad_scale, p = bf16_to_f32(p0[i]);
+    want_m[i] = beta1 * static_cast<double>(bf16_to_f32(m0[i])) + (1.0 - beta1) * gi;
+    want_v[i] = beta2 * static_cast<double>(bf16_to_f32(v0[i])) + (1.0 - beta2) * gi * gi;
+    want_p[i] = p - lr * ((want_m[i] / bc1) / (std::sqrt(want_v[i] / bc2) + eps) + wd * p);
+  }
+  // Within one bf16 ulp (2^-7 relative, plus an f32 rounding's worth) of the fp64 value.
+  auto within_ulp = [&](const std::vector<bf16>& got, const DVec& want, const char* what) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i)
+      bad += std::abs(bf16_to_f32(got[i]) - want[i]) > std::abs(want[i]) * (1.0 / 128 + 1e-6) + 1e-6;
+    EXPECT_EQ(bad, 0) << what;
+  };
+  const StochasticRounding sr{0xfeed, 0xbeef, 4242};
+  std::vector<bf16> whole_p;
+  for (int threads : {1, 3}) {
+    Threads scope(threads);
+    for (const StochasticRounding* key : {static_cast<const StochasticRounding*>(nullptr), &sr}) {
+      auto p = p0, m = m0, v = v0;
+      adamw_update_bf16(p.data(), m.data(), v.data(), g.data(), n, lr, beta1, beta2, eps, wd, step, grad_scale, key);
+      within_ulp(p, want_p, "weights");
+      within_ulp(m, want_m, "m");
+      within_ulp(v, want_v, "v");
+      if (!key) {
+        int64_t off = 0;  // to nearest: exactly the f32 formula's value rounded
+        for (int64_t i = 0; i < n; ++i) off += p[i].bits != f32_to_bf16(static_cast<float>(want_p[i])).bits &&
+                                               std::abs(bf16_to_f32(p[i]) - want_p[i]) > std::abs(want_p[i]) / 256;
+        EXPECT_EQ(off, 0);
+        continue;
+      }
+      if (whole_p.empty()) whole_p = p;
+      EXPECT_EQ(std::memcmp(p.data(), whole_p.data(), p.size() * sizeof(bf16)), 0) << threads << " threads";
+    }
+  }
+  // A run cut at an element that is not a multiple of 8 rounds every element alike.
+  auto p = p0, m = m0, v = v0;
+  const int64_t cut = 12347;
+  adamw_update_bf16(p.data(), m.data(), v.data(), g.data(), cut, lr, beta1, beta2, eps, wd, step, grad_scale, &sr);
+  const StochasticRounding rest{sr.key, sr.stream, sr.first + cut};
+  adamw_update_bf16(p.data() + cut, m.data() + cut, v.data() + cut, g.data() + cut, n - cut, lr, beta1, beta2, eps, wd,
+                    step, grad_scale, &rest);
+  EXPECT_EQ(std::memcmp(p.data(), whole_p.data(), p.size() * sizeof(bf16)), 0);
+
+  // Weight 1, decay only (no gradient): each step should shrink it by lr * wd * 1 = 2^-12, a 32nd of a
+  // bf16 ulp at 1. Rounded to nearest it never moves; stochastically its mean moves by exactly that.
+  const int64_t k = 1 << 16;
+  std::vector<bf16> ones(k, f32_to_bf16(1.0f)), zm(k, bf16{0}), zv(k, bf16{0});
+  const Vec zero(k, 0.0f);
+  auto nearest = ones;
+  adamw_update_bf16(nearest.data(), zm.data(), zv.data(), zero.data(), k, 1.0f / 64, beta1, beta2, eps, 1.0f / 64, 1,
+                    1.0f, nullptr);
+  EXPECT_EQ(bf16_to_f32(nearest[0]), 1.0f) << "to nearest the update is lost";
+  auto stochastic = ones;
+  const StochasticRounding key{7, 11, 0};
+  adamw_update_bf16(stochastic.data(), zm.data(), zv.data(), zero.data(), k, 1.0f / 64, beta1, beta2, eps, 1.0f / 64, 1,
+                    1.0f, &key);
+  double mean = 0;
+  for (const bf16 b : stochastic) mean += bf16_to_f32(b);
+  mean /= static_cast<double>(k);
+  EXPECT_NEAR(mean, 1.0 - 1.0 / 4096, 4e-5) << "unbiased";
+}
+
 // ============================ reductions, casts, add ============================
 
 TEST_F(ElementwiseTest, SumSquaresMatchesFloat64AndIsDeterministic) {

@@ -17,6 +17,10 @@
 namespace loom::test {
 namespace {
 
+plan::EngineNumerics numerics(const std::string& precision) {
+  return {precision == "bf16", precision == "bf16-pure"};
+}
+
 struct Case {
   const char* preset;
   const char* precision;
@@ -41,6 +45,9 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       {"tiny-llama", "bf16", 2, 3, 8, 2, 1, false, " --set train.recompute=selective"},
       {"tiny-llama", "bf16", 1, 0, 8, 2, 2, true, " --set train.recompute=full"},
       {"mini", "bf16", 1, 0, 2, 2, 1, false, " --set train.recompute=full"},
+      // bf16-pure: bf16 weights and moments, no masters (alone, every ZeRO stage, tp with SP)
+      {"tiny", "bf16-pure", 1, 0, 8, 4},  {"tiny", "bf16-pure", 2, 1, 8, 2},  {"tiny-llama", "bf16-pure", 2, 2, 8, 2},
+      {"tiny", "bf16-pure", 3, 3, 6, 2},  {"tiny-llama", "bf16-pure", 1, 0, 4, 2, 2, true, " --set model.n_kv_heads=1"},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");
@@ -63,7 +70,7 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
     if (std::string(c.extra).find("n_kv_heads=2") != std::string::npos) model.n_kv_heads = 2;
     if (std::string(c.extra).find("recompute=full") != std::string::npos) l.recompute = plan::Recompute::Full;
     if (std::string(c.extra).find("recompute=selective") != std::string::npos) l.recompute = plan::Recompute::Selective;
-    const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16");
+    const auto predicted = plan::loom_engine_memory(model, l, seq, numerics(c.precision));
     const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
                                                    {"gradients", predicted.gradients},
                                                    {"optimizer", predicted.optimizer},
@@ -104,6 +111,7 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
       {"tiny", "bf16", 2, 1, 0, 1, false, "1f1b", 1, "", "full"},
       {"tiny-llama", "fp32", 2, 1, 0, 1, false, "gpipe", 1, "1,3", "selective"},
       {"tiny", "bf16", 2, 1, 0, 1, false, "interleaved-1f1b", 2, "", "full"},
+      {"tiny-llama", "bf16-pure", 2, 2, 1, 1, false, "1f1b", 1, ""},
   };
   for (const PipeCase& c : cases) {
     auto dir = scratch_dir("engine-mem-pp");
@@ -134,7 +142,7 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
     model.n_layers = 4;
     // Every stage, by its first rank (the mesh is (pp, dp, cp, tp), tp fastest).
     for (int stage = 0; stage < c.pp; ++stage) {
-      const auto predicted = plan::loom_engine_memory(model, l, seq, std::string(c.precision) == "bf16",
+      const auto predicted = plan::loom_engine_memory(model, l, seq, numerics(c.precision),
                                                       {batch / (c.dp * micro), spec::parse_layer_counts(c.layers, "layers")},
                                                       stage);
       const auto& measured = by_rank[static_cast<size_t>(stage * c.dp * c.tp)];

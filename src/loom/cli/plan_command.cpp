@@ -149,12 +149,14 @@ int run_plan(const PlanOptions& o) {
   plan::Job job;
   job.model = model_of(o.model);
   job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
-  job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision;
+  // bf16-pure computes as bf16 and holds its state in bf16 alone (no fp32 master).
+  job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision == "bf16-pure" ? "bf16" : o.precision;
+  job.software.bf16_weights_only = o.precision == "bf16-pure";
   job.software.loom_engine = o.engine == "loom";
   job.software.moe_imbalance = o.moe_imbalance;
   job.software.tp_overlap = o.tp_overlap;
   job.software.pipeline_layers = spec::parse_layer_counts(o.pipeline_layers, "--pipeline-layers");
-  if (job.software.loom_engine && o.precision != "bf16")
+  if (job.software.loom_engine && job.precision != "bf16")
     throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
   plan::Fixed fixed;
   for (auto& f : o.fix) plan::apply_fix(fixed, f);
@@ -229,7 +231,9 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_option("--cluster", o->cluster, "NAME[:DEVICES] from configs/hardware (a100, h100, trn1, trn2) or FILE.toml[:DEVICES]");
   cmd->add_option("--seq", o->seq, "sequence length")->check(finite_range(1, 1 << 24));
   cmd->add_option("--global-batch", o->global_batch, "sequences per step")->check(finite_range(1, 1 << 24));
-  cmd->add_option("--precision", o->precision, "GEMM precision: bf16 | fp8")->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--precision", o->precision,
+                  "GEMM precision: bf16 | bf16-pure (bf16 weights and Adam moments, no fp32 master) | fp8")
+      ->check(CLI::IsMember({"bf16", "bf16-pure", "fp8"}));
   cmd->add_option("--fix", o->fix, "pin a layout knob: dp= tp= pp= cp= ep= v= mb= zero= sp= recompute= schedule=");
   cmd->add_option("--top", o->top, "how many layouts to list")->check(finite_range(1, 100000));
   cmd->add_flag("--explain", o->explain, "walk through the best layout's numbers");

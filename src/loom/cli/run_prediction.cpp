@@ -109,6 +109,7 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
   job.global_batch = cfg.train.batch_size;
   job.precision = cfg.precision == model::Precision::BF16 ? "bf16" : "f32";
   job.software.loom_engine = true;
+  job.software.bf16_weights_only = cfg.pure_bf16;
   job.software.dp_overlap = cfg.parallel.bucket_kb > 0;  // buckets reduce while backward runs
   job.software.tp_overlap = cfg.parallel.tp_overlap;  // the time model hides TP collectives only under SP
   if (!cfg.parallel.pipeline_layers.empty())

@@ -47,8 +47,8 @@ void check_fits_in_memory(const train::RunConfig& cfg, int ranks_on_node) {
   // The heaviest pipeline stage decides (the first holds the embeddings, the last the logits).
   plan::EngineMemory need;
   for (int stage = 0; stage < l.pp; ++stage) {
-    const auto m = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(), cfg.precision == model::Precision::BF16,
-                                            pipe, stage);
+    const auto m = plan::loom_engine_memory(cfg.model.resolved, l, cfg.seq_len(),
+                                            {cfg.precision == model::Precision::BF16, cfg.pure_bf16}, pipe, stage);
     if (m.total() > need.total()) need = m;
   }
   const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <vector>
+
 #include "loom/core/cpu_features.h"
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
@@ -26,6 +28,17 @@ std::string sh(const Tensor& t) { return std::string(dtype_name(t.dtype())) + t.
 
 void expect_f32(const Tensor& t, const char* op, const char* name) {
   expect(t.dtype() == DType::F32, std::string(op) + ": " + name + " must be F32, got " + sh(t));
+}
+
+// A norm gain, norm bias or linear bias as f32: the tensor itself, or (precision = "bf16-pure", whose
+// weights are bf16 only) widened exactly into `widened`. They are vectors of one row's width, so the
+// copy costs nothing beside the pass that reads them N times.
+const float* f32_weights(const Tensor& w, std::vector<float>& widened) {
+  if (w.dtype() == DType::F32) return w.data<float>();
+  expect(w.dtype() == DType::BF16, "weights must be F32 or BF16, got " + sh(w));
+  widened.resize(static_cast<size_t>(w.numel()));
+  cast_bf16_to_f32(widened.data(), w.data<bf16>(), w.numel());
+  return widened.data();
 }
 
 }  // namespace
@@ -62,7 +75,8 @@ void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& 
              .accumulate = accumulate, .bias = b != nullptr};
   auto c = gemm_cost(d);
   Span span(tracer_, "gemm_fwd", Category::Gemm, c.flops, c.bytes);
-  gemm(d, x.raw(), w.raw(), y.data<float>(), b ? b->data<float>() : nullptr, alloc_);
+  std::vector<float> bias;
+  gemm(d, x.raw(), w.raw(), y.data<float>(), b ? f32_weights(*b, bias) : nullptr, alloc_);
 }
 
 Tensor CpuBackend::prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) {
@@ -129,8 +143,13 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
   expect(!wpe || wpe->dim(0) >= T, "embedding: sequence length exceeds the position table");
   auto c = embedding_cost(B * T, C);
   Span span(tracer_, "embedding_fwd", Category::Kernel, c.flops, c.bytes);
-  kernels::embedding_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
-                             wpe ? wpe->data<float>() : nullptr, B, T, C);
+  if (wpe) expect(wpe->dtype() == wte.dtype(), "embedding: wte " + sh(wte) + " and wpe " + sh(*wpe) + " must share a dtype");
+  if (wte.dtype() == DType::BF16)
+    kernels::embedding_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<bf16>(),
+                               wpe ? wpe->data<bf16>() : nullptr, B, T, C);
+  else
+    kernels::embedding_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
+                               wpe ? wpe->data<float>() : nullptr, B, T, C);
 }
 
 void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens) {
@@ -148,8 +167,9 @@ void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const 
          "layernorm: shapes do not fit x " + sh(x));
   auto c = layernorm_cost(N, C, false);
   Span span(tracer_, "layernorm_fwd", Category::Kernel, c.flops, c.bytes);
+  std::vector<float> w32, b32;
   kernels::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(),
-                             w.data<float>(), b.data<float>(), N, C, eps);
+                             f32_weights(w, w32), f32_weights(b, b32), N, C, eps);
 }
 
 void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
@@ -157,8 +177,9 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dw, const Te
   const int64_t N = rows(x), C = cols(x);
   auto c = layernorm_cost(N, C, true);
   Span span(tracer_, "layernorm_bwd", Category::Kernel, c.flops, c.bytes);
+  std::vector<float> w32;
   kernels::layernorm_backward(dx.data<float>(), dw.data<float>(), db.data<float>(), dout.data<float>(),
-                              x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), N, C);
+                              x.data<float>(), f32_weights(w, w32), mean.data<float>(), rstd.data<float>(), N, C);
 }
 
 void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps) {
@@ -166,7 +187,8 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
   expect(out.numel() == N * C && rstd.numel() == N && w.numel() == C, "rmsnorm: shapes do not fit x " + sh(x));
   auto c = rmsnorm_cost(N, C, false);
   Span span(tracer_, "rmsnorm_fwd", Category::Kernel, c.flops, c.bytes);
-  kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), x.data<float>(), w.data<float>(), N, C, eps);
+  std::vector<float> w32;
+  kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), x.data<float>(), f32_weights(w, w32), N, C, eps);
 }
 
 void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
@@ -174,8 +196,9 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
   const int64_t N = rows(x), C = cols(x);
   auto c = rmsnorm_cost(N, C, true);
   Span span(tracer_, "rmsnorm_bwd", Category::Kernel, c.flops, c.bytes);
+  std::vector<float> w32;
   kernels::rmsnorm_backward(dx.data<float>(), dw.data<float>(), dout.data<float>(), x.data<float>(),
-                            w.data<float>(), rstd.data<float>(), N, C);
+                            f32_weights(w, w32), rstd.data<float>(), N, C);
 }
 
 void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {

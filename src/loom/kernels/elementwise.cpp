@@ -62,25 +62,30 @@ void parallel_columns(int64_t N, int64_t C, Body&& body) {
   }
 }
 
-LOOM_TARGET_CLONES
-void embedding_forward_rows(float* __restrict out, const int32_t* __restrict tokens, const float* __restrict wte,
-                            const float* __restrict wpe, int64_t r0, int64_t r1, int64_t T, int64_t C) {
+inline float widen(float v) { return v; }
+inline float widen(bf16 v) { return bf16_to_f32(v); }
+
+// W: the weights' storage, f32 or (precision = "bf16-pure") bf16, widened exactly as rows are copied.
+template <class W>
+void embedding_forward_rows(float* __restrict out, const int32_t* __restrict tokens, const W* __restrict wte,
+                            const W* __restrict wpe, int64_t r0, int64_t r1, int64_t T, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
     float* __restrict o = out + r * C;
+    const W* __restrict p = wpe ? wpe + (r % T) * C : nullptr;
     if (tokens[r] < 0) {  // another vocabulary shard's token: a zero row (plus the position)
-      if (wpe)
-        std::memcpy(o, wpe + (r % T) * C, static_cast<size_t>(C) * sizeof(float));
+      if (p)
+        for (int64_t c = 0; c < C; ++c) o[c] = widen(p[c]);
       else
         std::memset(o, 0, static_cast<size_t>(C) * sizeof(float));
       continue;
     }
-    const float* __restrict w = wte + static_cast<int64_t>(tokens[r]) * C;
-    if (wpe) {
-      const float* __restrict p = wpe + (r % T) * C;
+    const W* __restrict w = wte + static_cast<int64_t>(tokens[r]) * C;
+    if (p) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+      for (int64_t c = 0; c < C; ++c) o[c] = widen(w[c]) + widen(p[c]);
     } else {
-      std::memcpy(o, w, static_cast<size_t>(C) * sizeof(float));
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = widen(w[c]);
     }
   }
 }
@@ -160,6 +165,13 @@ void add_range(float* out, const float* a, const float* b, int64_t i0, int64_t i
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C) {
+  parallel_ranges(B * T, kSerialElements / (C > 0 ? C : 1) + 1, 1, [&](int64_t r0, int64_t r1, int, int) {
+    embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C);
+  });
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int64_t B, int64_t T,
                        int64_t C) {
   parallel_ranges(B * T, kSerialElements / (C > 0 ? C : 1) + 1, 1, [&](int64_t r0, int64_t r1, int, int) {
     embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C);

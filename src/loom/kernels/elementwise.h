@@ -23,6 +23,9 @@ namespace loom::kernels {
 // embedding it belongs to another rank's rows.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
                        int64_t C);
+// The same from bf16 weights (precision = "bf16-pure"), widened exactly.
+void embedding_forward(float* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int64_t B, int64_t T,
+                       int64_t C);
 // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (dwpe may be nullptr).
 // Deterministic: the same inputs give bitwise the same result for a given thread count.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
@@ -114,6 +117,16 @@ struct StochasticRounding {
   int64_t first = 0;
 };
 void cast_f32_to_bf16_stochastic(bf16* out, const float* inp, int64_t n, const StochasticRounding& sr);
+
+// ---- AdamW on bf16 weights and moments (precision = "bf16-pure"): the same update computed in f32
+// from the widened values, then weight, m and v each rounded stochastically back to bf16 -- weight
+// under `sr`, m and v under `sr` with their streams moved by kMomentStream1/2, so all three are keyed by
+// the element's global index -- or, with sr == nullptr (vocabulary padding), to nearest. ----
+inline constexpr uint64_t kMomentStream1 = 0x6578'705f'6176'6731ull, kMomentStream2 = 0x6578'705f'6176'6732ull;
+void adamw_update_bf16(bf16* param, bf16* m, bf16* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int64_t step, float grad_scale, const StochasticRounding* sr);
+// Bytes: read weight, m, v (2 each) and grad (4), write weight, m, v.
+KernelCost adamw_bf16_cost(int64_t n);
 // A linear layer's output gradient dy[N, OC] cast to bf16 for its two GEMMs, with the bias gradient
 // (dbias += column sums of dy, in f32) taken in the same pass: one read of dy instead of two.
 void cast_f32_to_bf16_bias_grad(bf16* out, float* dbias, const float* dy, int64_t N, int64_t OC);

@@ -1,6 +1,8 @@
 #include "loom/model/parameter_store.h"
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 #include "loom/core/philox.h"
 #include "loom/error.h"
@@ -26,10 +28,14 @@ Tensor make_arena(int64_t n, DType dtype, Allocator& alloc, MemCategory category
 }
 }  // namespace
 
-ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing)
-    : table_(std::move(table)), precision_(precision) {
+ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing,
+                               WeightStorage storage)
+    : table_(std::move(table)), precision_(precision), storage_(storage) {
+  if (bf16_only() && precision_ != Precision::BF16)
+    throw Error("internal: bf16-only weights need bf16 GEMMs (precision BF16)");
   const int64_t n = table_.total_numel();
-  master_ = make_arena(n, DType::F32, alloc, MemCategory::Parameters, backing.master_on_demand, master_pages_);
+  if (!bf16_only())
+    master_ = make_arena(n, DType::F32, alloc, MemCategory::Parameters, backing.master_on_demand, master_pages_);
   if (backing.grads_memory) {
     grads_ = Tensor::wrap(backing.grads_memory, {n}, DType::F32);
     grads_.fill_zero();
@@ -40,11 +46,27 @@ ParameterStore::ParameterStore(spec::ParamTable table, Precision precision, Allo
     lowp_ = make_arena(n, DType::BF16, alloc, MemCategory::Parameters, backing.lowp_on_demand, lowp_pages_);
 }
 
+void ParameterStore::read_f32(int64_t begin, int64_t n, float* out) const {
+  if (n <= 0) return;
+  if (bf16_only())
+    kernels::cast_bf16_to_f32(out, lowp_.data<bf16>() + begin, n);
+  else
+    std::memcpy(out, master_.data<float>() + begin, static_cast<size_t>(n) * sizeof(float));
+}
+
+void ParameterStore::write_f32(int64_t begin, int64_t n, const float* in) {
+  if (n <= 0) return;
+  if (bf16_only())
+    kernels::cast_f32_to_bf16(lowp_.data<bf16>() + begin, in, n);
+  else
+    std::memcpy(master_.data<float>() + begin, in, static_cast<size_t>(n) * sizeof(float));
+}
+
 Tensor ParameterStore::view_of(const Tensor& arena, const spec::ParamSpec& p) const {
   return arena.view(p.offset, Shape(p.shape));
 }
 
-Tensor ParameterStore::param(const std::string& name) const { return view_of(master_, table_.at(name)); }
+Tensor ParameterStore::param(const std::string& name) const { return view_of(weights(), table_.at(name)); }
 Tensor ParameterStore::grad(const std::string& name) const { return view_of(grads_, table_.at(name)); }
 Tensor ParameterStore::compute(const std::string& name) const {
   return view_of(precision_ == Precision::BF16 ? lowp_ : master_, table_.at(name));
@@ -63,7 +85,7 @@ Tensor ParameterStore::rows_of(const Tensor& arena, const std::string& first, co
   return arena.view(ps[i].offset, {rows, cols});
 }
 
-Tensor ParameterStore::param_rows(const std::string& f, const std::string& l) const { return rows_of(master_, f, l); }
+Tensor ParameterStore::param_rows(const std::string& f, const std::string& l) const { return rows_of(weights(), f, l); }
 Tensor ParameterStore::grad_rows(const std::string& f, const std::string& l) const { return rows_of(grads_, f, l); }
 Tensor ParameterStore::compute_rows(const std::string& f, const std::string& l) const {
   return rows_of(precision_ == Precision::BF16 ? lowp_ : master_, f, l);
@@ -72,41 +94,53 @@ Tensor ParameterStore::compute_rows(const std::string& f, const std::string& l) 
 void ParameterStore::initialize(uint64_t seed, std::span<const spec::ArenaRange> only) {
   const spec::ArenaRange whole{0, table_.total_numel()};
   const auto ranges = only.empty() ? std::span<const spec::ArenaRange>(&whole, 1) : only;
-  float* data = master_.data<float>();
-  for (const auto& p : table_.params()) {
-    const uint64_t stream = stream_of(p.name);
-    for (const auto& r : ranges) {
-      // Element i of this parameter, for the indices inside the range.
-      const int64_t lo = std::max<int64_t>(r.begin - p.offset, 0), hi = std::min(r.end - p.offset, p.numel());
-      float* out = data + p.offset;
-      switch (p.init.kind) {
-        case spec::Init::Kind::Zeros:
-          for (int64_t i = lo; i < hi; ++i) out[i] = 0.0f;
-          break;
-        case spec::Init::Kind::Ones:
-          for (int64_t i = lo; i < hi; ++i) out[i] = 1.0f;
-          break;
-        case spec::Init::Kind::Normal: {
-          // Keyed by the element of the whole tensor, so every layout draws the same number for it;
-          // padding (a vocabulary tp does not divide) stays zero.
-          const float std = p.init.std;
-          const bool whole = table_.shard().whole() || !p.placement.on(spec::MeshAxis::TP).is_shard();
+  // Bf16Only: the same f32 draws, rounded to nearest once (every layout rounds the same value).
+  auto fill = [&]<class T>(T* data) {
+    auto store = [](T& out, float v) {
+      if constexpr (std::is_same_v<T, bf16>)
+        out = f32_to_bf16(v);
+      else
+        out = v;
+    };
+    for (const auto& p : table_.params()) {
+      const uint64_t stream = stream_of(p.name);
+      for (const auto& r : ranges) {
+        // Element i of this parameter, for the indices inside the range.
+        const int64_t lo = std::max<int64_t>(r.begin - p.offset, 0), hi = std::min(r.end - p.offset, p.numel());
+        T* out = data + p.offset;
+        switch (p.init.kind) {
+          case spec::Init::Kind::Zeros:
+            for (int64_t i = lo; i < hi; ++i) store(out[i], 0.0f);
+            break;
+          case spec::Init::Kind::Ones:
+            for (int64_t i = lo; i < hi; ++i) store(out[i], 1.0f);
+            break;
+          case spec::Init::Kind::Normal: {
+            // Keyed by the element of the whole tensor, so every layout draws the same number for it;
+            // padding (a vocabulary tp does not divide) stays zero.
+            const float std = p.init.std;
+            const bool whole_tensor = table_.shard().whole() || !p.placement.on(spec::MeshAxis::TP).is_shard();
 #pragma omp parallel for schedule(static)
-          for (int64_t i = lo; i < hi; ++i) {
-            const int64_t g = whole ? i : table_.global_element(p, i);
-            out[i] = g < 0 ? 0.0f : std * Philox::normal(seed, stream, static_cast<uint64_t>(g));
+            for (int64_t i = lo; i < hi; ++i) {
+              const int64_t g = whole_tensor ? i : table_.global_element(p, i);
+              store(out[i], g < 0 ? 0.0f : std * Philox::normal(seed, stream, static_cast<uint64_t>(g)));
+            }
+            break;
           }
-          break;
         }
       }
     }
-  }
+  };
+  if (bf16_only())
+    fill(lowp_.data<bf16>());
+  else
+    fill(master_.data<float>());
   if (only.empty()) zero_grads();  // on-demand gradients read as zero already
   refresh_lowp(only);
 }
 
 void ParameterStore::refresh_lowp(std::span<const spec::ArenaRange> only) {
-  if (precision_ != Precision::BF16) return;
+  if (precision_ != Precision::BF16 || bf16_only()) return;  // bf16-only: the weights are the copies
   if (sr_ && rounding_step_ > 0) {
     const spec::ArenaRange all{0, master_.numel()};
     write_lowp(only.empty() ? std::span<const spec::ArenaRange>(&all, 1) : only);
@@ -121,7 +155,7 @@ void ParameterStore::refresh_lowp(std::span<const spec::ArenaRange> only) {
 }
 
 void ParameterStore::write_lowp(std::span<const spec::ArenaRange> ranges) {
-  if (precision_ != Precision::BF16) return;
+  if (precision_ != Precision::BF16 || bf16_only()) return;
   bf16* lp = lowp_.data<bf16>();
   const float* m = master_.data<float>();
   if (!sr_ || rounding_step_ <= 0) {
@@ -129,14 +163,12 @@ void ParameterStore::write_lowp(std::span<const spec::ArenaRange> ranges) {
       if (r.size() > 0) kernels::cast_f32_to_bf16(lp + r.begin, m + r.begin, r.size());
     return;
   }
-  // The key mixes the seed with the update step; the stream names the parameter (apart from
-  // initialisation's stream of the same name).
-  const uint64_t key = sr_seed_ ^ (static_cast<uint64_t>(rounding_step_) * 0x9E3779B97F4A7C15ull);
+  const uint64_t key = rounding_key();
   for (const auto& p : table_.params())
     for (const auto& r : ranges) {
       const int64_t a = std::max(p.offset, r.begin), b = std::min(p.offset + p.numel(), r.end);
       if (a >= b) continue;
-      const uint64_t stream = stream_of(p.name) ^ 0x5354'4f43'4841'5354ull;  // "STOCHAST"
+      const uint64_t stream = rounding_stream(p.name);
       table_.for_each_global_run(p, a - p.offset, b - p.offset, [&](int64_t local, int64_t global, int64_t n) {
         if (global < 0)  // padding: no global element to key
           kernels::cast_f32_to_bf16(lp + p.offset + local, m + p.offset + local, n);
@@ -144,6 +176,16 @@ void ParameterStore::write_lowp(std::span<const spec::ArenaRange> ranges) {
           kernels::cast_f32_to_bf16_stochastic(lp + p.offset + local, m + p.offset + local, n, {key, stream, global});
       });
     }
+}
+
+// The key mixes the seed with the update step; the stream names the parameter (apart from
+// initialisation's stream of the same name).
+uint64_t ParameterStore::rounding_key() const {
+  return sr_seed_ ^ (static_cast<uint64_t>(rounding_step_) * 0x9E3779B97F4A7C15ull);
+}
+
+uint64_t ParameterStore::rounding_stream(const std::string& name) {
+  return stream_of(name) ^ 0x5354'4f43'4841'5354ull;  // "STOCHAST"
 }
 
 void ParameterStore::zero_grads() { grads_.fill_zero(); }

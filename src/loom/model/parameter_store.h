@@ -33,16 +33,32 @@ struct ArenaBacking {
   float* grads_memory = nullptr;
 };
 
+// Where the weights live. F32Masters: f32 masters (and in bf16 mode bf16 copies the GEMMs read).
+// Bf16Only (precision = "bf16-pure"): one bf16 arena is the weights, read by every kernel; no f32
+// master exists, so updates must round stochastically to make progress below bf16's resolution.
+enum class WeightStorage { F32Masters, Bf16Only };
+
 class ParameterStore {
  public:
-  ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing = {});
+  ParameterStore(spec::ParamTable table, Precision precision, Allocator& alloc, ArenaBacking backing = {},
+                 WeightStorage storage = WeightStorage::F32Masters);
 
   const spec::ParamTable& table() const { return table_; }
   Precision precision() const { return precision_; }
-  const Tensor& master() const { return master_; }  // f32 [total]
+  const Tensor& master() const { return master_; }  // f32 [total]; undefined under Bf16Only
   const Tensor& grads() const { return grads_; }    // f32 [total]
-  const Tensor& lowp() const { return lowp_; }      // bf16 [total], only in bf16 mode
+  const Tensor& lowp() const { return lowp_; }      // bf16 [total], only in bf16 mode (the weights under Bf16Only)
+  bool bf16_only() const { return storage_ == WeightStorage::Bf16Only; }
+  // The weights' arena, whatever it holds: the f32 masters, or under Bf16Only the bf16 weights.
+  const Tensor& weights() const { return bf16_only() ? lowp_ : master_; }
 
+  // Weights of arena elements [begin, begin + n) as f32 (widened exactly under Bf16Only), and written
+  // from f32 (rounded to nearest under Bf16Only, exact for values that came from bf16): what
+  // checkpoints and interchange formats read and write.
+  void read_f32(int64_t begin, int64_t n, float* out) const;
+  void write_f32(int64_t begin, int64_t n, const float* in);
+
+  // The weights (f32 master, or the bf16 weights under Bf16Only: kernels take either).
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   // The tensor GEMMs read: the bf16 copy in bf16 mode, else the f32 master.
@@ -67,6 +83,10 @@ class ParameterStore {
   void use_stochastic_rounding(uint64_t seed) { sr_seed_ = seed, sr_ = true; }
   bool stochastic_rounding() const { return sr_; }
   void set_rounding_step(int64_t step) { rounding_step_ = step; }
+  // The Philox key of the current rounding step and the stream of a parameter's weights: what every
+  // stochastic rounding of weights (bf16-sr's copies, bf16-pure's updates) draws from.
+  uint64_t rounding_key() const;
+  static uint64_t rounding_stream(const std::string& name);
   // Writes the bf16 copies of arena ranges `ranges` from the masters, stochastically under the
   // current rounding step when that is on (what the optimizer calls after its update).
   void write_lowp(std::span<const spec::ArenaRange> ranges);
@@ -83,6 +103,7 @@ class ParameterStore {
 
   spec::ParamTable table_;
   Precision precision_;
+  WeightStorage storage_;
   bool sr_ = false;
   uint64_t sr_seed_ = 0;
   int64_t rounding_step_ = 0;

@@ -88,7 +88,7 @@ class Zero final : public DataParallel {
  public:
   Zero(comm::ProcessGroup& dp, const DataParallelSetup& s, Allocator& alloc, profile::Tracer* tracer)
       : DataParallel(s.table->total_numel()), dp_(dp), table_(flat_along_dp(*s.table)), L_(s.n_layers),
-        stage_(s.zero_stage), bf16_(s.bf16), release_(s.release), alloc_(alloc), tracer_(tracer),
+        stage_(s.zero_stage), bf16_(s.bf16), bf16_only_(s.bf16_only), release_(s.release), alloc_(alloc), tracer_(tracer),
         plan_(spec::zero_shard_plan(table_, s.n_layers, dp.size())) {}
 
   int size() const override { return dp_.size(); }
@@ -100,7 +100,7 @@ class Zero final : public DataParallel {
   // elements read in f32), so only the optimizer's pieces need f32 masters.
   ArenaNeeds arena_needs() override {
     ArenaNeeds n;
-    n.master_on_demand = stage_ == 3 || bf16_;
+    n.master_on_demand = !bf16_only_ && (stage_ == 3 || bf16_);  // bf16-only weights have no masters
     n.lowp_on_demand = stage_ == 3;
     n.grads_on_demand = stage_ >= 2;
     if (stage_ == 1) {
@@ -117,9 +117,10 @@ class Zero final : public DataParallel {
   }
   void attach(const ZeroArenas& a) override {
     DataParallel::attach(a);
+    // bf16-only weights: every kernel reads the bf16 values, so nothing travels in f32.
     std::vector<spec::ArenaRange> f32_read;
     for (const auto& p : table_.params())
-      if (!p.gemm_only) f32_read.push_back({p.offset, p.offset + p.numel()});
+      if (!p.gemm_only && !bf16_only_) f32_read.push_back({p.offset, p.offset + p.numel()});
     ZeroArenas arenas = a;
     arenas.release = release_;
     zero_ = std::make_unique<ZeroEngine>(plan_, stage_, arenas, std::move(f32_read), dp_, alloc_, tracer_);
@@ -283,7 +284,7 @@ class Zero final : public DataParallel {
   spec::ParamTable table_;
   int64_t L_;
   int stage_;
-  bool bf16_;
+  bool bf16_, bf16_only_;
   PageReservation::Release release_;
   Allocator& alloc_;
   profile::Tracer* tracer_;

@@ -23,6 +23,7 @@ struct DataParallelSetup {
   const spec::ParamTable* table = nullptr;  // this rank's (tp shard of the) parameter table; copied
   int64_t n_layers = 0;
   bool bf16 = false;                         // bf16 compute copies beside the f32 masters
+  bool bf16_only = false;                    // bf16-pure: the bf16 arena is the weights, no f32 masters
   int zero_stage = 0;                        // 0 (DDP) .. 3; alone every stage is the plain run
   size_t bucket_bytes = 4 << 20;             // DDP: gradient bytes per all-reduce (0: one after backward)
   PageReservation::Release release = PageReservation::Release::Lazy;  // ZeRO-2/3 page give-back

@@ -42,8 +42,10 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
                 std::to_string(dp.size()));
   // Which arenas are on demand: ZeRO-3 the weights (masters and bf16 copies); ZeRO-1/2 in bf16 mode the
   // f32 masters only (replicas read the bf16 copies); ZeRO-2/3 the gradients.
-  const bool weights_ok = stage_ == 3 ? a_.master_pages && (!a_.lowp || a_.lowp_pages)
-                                      : !a_.lowp_pages && (!a_.master_pages || a_.lowp);
+  // bf16-only weights (no masters): the bf16 arena is the weights, on demand under ZeRO-3 alone.
+  const bool weights_ok = !a_.master ? a_.lowp && !a_.master_pages && (stage_ == 3) == (a_.lowp_pages != nullptr)
+                          : stage_ == 3 ? a_.master_pages && (!a_.lowp || a_.lowp_pages)
+                                        : !a_.lowp_pages && (!a_.master_pages || a_.lowp);
   if (!weights_ok || (stage_ >= 2) != (a_.grad_pages != nullptr))
     throw Error("internal: ZeRO-" + std::to_string(stage_) + " needs on-demand arenas exactly for what it shards");
   const size_t n = plan_.units();
@@ -57,7 +59,7 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
   grad_scratch_.assign(n, false);
   const int64_t own = plan_.local_size(rank_);
   if (stage_ == 3) {
-    own_param_bytes_ = own * static_cast<int64_t>(sizeof(float) + (a_.lowp ? sizeof(bf16) : 0));
+    own_param_bytes_ = own * static_cast<int64_t>((a_.master ? sizeof(float) : 0) + (a_.lowp ? sizeof(bf16) : 0));
   } else if (a_.master_pages) {
     // The bf16 copies are allocated whole (charged by their owner); of the masters this rank keeps its
     // pieces and every element the model reads in f32.
@@ -73,7 +75,7 @@ ZeroEngine::ZeroEngine(ShardPlan plan, int stage, ZeroArenas arenas, std::vector
     grad_pool_.alias = &grad_alias_;
     if (stage_ == 3 && a_.lowp) {
       make_pool(weight_pool_, a_.lowp_pages, sizeof(bf16), false, MemCategory::Parameters);
-      make_pool(master_pool_, a_.master_pages, sizeof(float), true, MemCategory::Parameters);
+      if (a_.master_pages) make_pool(master_pool_, a_.master_pages, sizeof(float), true, MemCategory::Parameters);
     } else if (stage_ == 3) {
       make_pool(weight_pool_, a_.master_pages, sizeof(float), false, MemCategory::Parameters);
     }
@@ -351,8 +353,9 @@ void ZeroEngine::release(size_t u) {
     }
   } else {
     for (const ArenaRange& r : {before, after}) {
-      a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float), static_cast<size_t>(r.size()) * sizeof(float),
-                               a_.release);
+      if (a_.master_pages)
+        a_.master_pages->release(static_cast<size_t>(r.begin) * sizeof(float),
+                                 static_cast<size_t>(r.size()) * sizeof(float), a_.release);
       if (a_.lowp_pages)
         a_.lowp_pages->release(static_cast<size_t>(r.begin) * sizeof(bf16), static_cast<size_t>(r.size()) * sizeof(bf16),
                                a_.release);
@@ -384,6 +387,7 @@ void ZeroEngine::drop_unowned_masters() {
 }
 
 void ZeroEngine::gather_full_masters(int root) {
+  if (!a_.master) throw Error("internal: bf16-only weights have no f32 masters to gather (sharded checkpoints only)");
   if (!a_.master_pages) return;  // the masters are whole on every rank
   release_all();
   std::vector<comm::Work> works;

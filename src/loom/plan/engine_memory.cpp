@@ -144,8 +144,9 @@ Schedule planner_schedule(spec::PipelineSchedule s) {
   return Schedule::OneFOneB;
 }
 
-EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
+EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, EngineNumerics numerics,
                                 const EnginePipeline& pipe, int pipeline_rank) {
+  const bool bf16 = numerics.bf16, only = numerics.bf16_only;
   if (l.cp != 1 || l.ep != 1)
     throw ConfigError("Loom's engine runs data, tensor and pipeline parallelism (cp = ep = 1), not " + l.str());
   // Rank 0's shard: under tp every rank holds the same amount, padding of the vocabulary aside (rank 0
@@ -172,12 +173,13 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   const double total = static_cast<double>(table.total_numel());
   double owned = 0;
   for (const auto& u : units) owned += static_cast<double>(u.owned());
-  const double weight_bytes = 4 + (bf16 ? 2 : 0);  // f32 master (+ bf16 copy)
+  const double weight_bytes = only ? 2 : 4 + (bf16 ? 2 : 0);  // f32 master (+ bf16 copy), or bf16 alone
 
   // What a gathered unit adds on rank 0 (the other ranks' elements), for weights and for gradients.
   auto gathered_weights = [&](const Unit& u) {
     const double others = static_cast<double>(u.size() - u.owned());
     if (!bf16) return others * 4;
+    if (only) return others * 2;  // every kernel reads the bf16 weights: nothing travels in f32
     return others * 2 + static_cast<double>(u.f32_read - u.f32_read_owned) * 4;  // bf16 copies + exact f32
   };
   auto gathered_grads = [&](const Unit& u) { return static_cast<double>(u.size() - u.owned()) * 4; };
@@ -197,7 +199,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   for (const auto& u : units) f32_others += static_cast<double>(u.f32_read - u.f32_read_owned);
   if (stage == 3)
     m.parameters = owned * weight_bytes + gathered_weights(embed) + gathered_weights(head) + 2 * largest_block;
-  else if (stage >= 1 && bf16)
+  else if (stage >= 1 && bf16 && !only)
     m.parameters = total * 2 + (owned + f32_others) * 4;
   else
     m.parameters = total * weight_bytes;
@@ -206,7 +208,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   m.gradients = stage >= 2 ? owned * 4 + gathered_grads(embed) +
                                  std::max(gathered_grads(head) + largest_block_grads, 2 * largest_block_grads)
                            : total * 4;
-  m.optimizer = (stage >= 1 ? owned : total) * 8;  // AdamW m and v in f32
+  m.optimizer = (stage >= 1 ? owned : total) * (only ? 4 : 8);  // AdamW m and v in f32 (bf16-pure: bf16)
   const bool sp = l.sp && l.tp > 1;
   const Widths w(cfg, table, l.micro_batch, seq, l.tp, sp);
   if (!stages) {

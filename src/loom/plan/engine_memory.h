@@ -38,10 +38,18 @@ struct EnginePipeline {
 
 // Peak bytes per category of rank 0 (or of a pipeline stage's first rank) for `cfg` trained under layout `l` (dp, tp, sp, zero, micro_batch,
 // pp with its schedule and vpp; cp, ep must be 1; ZeRO 2/3 not with pp) at sequence length `seq`, in
-// bf16 or fp32 mode. Checkpoint saves are not in it (rank 0 then gathers whole tensors for a while).
+// bf16 or fp32 mode (`numerics`). Checkpoint saves are not in it (rank 0 then gathers whole tensors for a while).
 // pipeline_rank: which stage's rank (tp rank 0 of it) under pp; the first stage holds the embeddings,
 // the last the head and its logits, so the heaviest may be any (a memory check takes the largest).
-EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, bool bf16,
+// How the engine holds the weights: fp32 (bf16 false), bf16 GEMMs reading bf16 copies of f32 masters,
+// or (bf16_only, precision = "bf16-pure") bf16 weights and Adam moments with no master. Converts from
+// a bool (bf16 GEMMs with masters) so the fp32 / bf16 callers read as before.
+struct EngineNumerics {
+  bool bf16 = false, bf16_only = false;
+  EngineNumerics(bool bf16_gemms = false, bool weights_only = false) : bf16(bf16_gemms || weights_only), bf16_only(weights_only) {}
+};
+
+EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, EngineNumerics numerics,
                                 const EnginePipeline& pipe = {}, int pipeline_rank = 0);
 
 }  // namespace loom::plan

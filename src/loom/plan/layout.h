@@ -47,6 +47,9 @@ struct Software {
   // Memory as Loom's own engine holds it (engine_memory.h: f32 masters, its activation buffers, its
   // ZeRO units) instead of Megatron-LM's conventions; only layouts the engine runs (dp x ZeRO).
   bool loom_engine = false;
+  // precision = "bf16-pure": weights and Adam moments held in bf16 only (no fp32 master): 2 + 4 bytes of
+  // state per parameter instead of 2 + 12 (gradients stay fp32).
+  bool bf16_weights_only = false;
   // Under pp, blocks per chunk (`--pipeline-layers`, the engine's parallel.pipeline.layers): real runs
   // take a layer or two off the first and last stages (126 layers on 16 stages: 7, 14 x 8, 7). Only
   // layouts with that many chunks are then searched. Empty: an even split (Megatron), or balanced by

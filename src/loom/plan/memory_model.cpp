@@ -96,7 +96,8 @@ namespace {
 
 MemoryBreakdown stage_memory(const Layout& l, const Job& j, int stage) {
   const bool last = stage == l.pp - 1;
-  const StateBytes sb;
+  StateBytes sb;
+  if (j.software.bf16_weights_only) sb.optimizer = 4;  // bf16 m and v, no master
   const StageParams p = stage_params_of(l, j, stage);
   const double dp = l.dp, edp = static_cast<double>(l.dp) / l.ep;  // experts replicate over dp/ep
   auto shard = [&](double bytes_per_param, int from_stage) {
@@ -146,7 +147,8 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, int stage) {
 MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
   if (j.software.loom_engine) {
     const EngineMemory e =
-        loom_engine_memory(j.model.cfg, l, j.seq, j.precision == "bf16", {micro_batches(l, j), j.software.pipeline_layers});
+        loom_engine_memory(j.model.cfg, l, j.seq, {j.precision == "bf16", j.software.bf16_weights_only},
+                           {micro_batches(l, j), j.software.pipeline_layers});
     MemoryBreakdown m;
     m.weights = e.parameters, m.grads = e.gradients, m.optimizer = e.optimizer, m.activations = e.activations;
     m.total = e.total();

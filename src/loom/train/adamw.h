@@ -1,6 +1,7 @@
 // AdamW on fp32 master weights with decoupled weight decay applied only to parameters the spec marks
 // for it (matrices). Moments live in two arenas laid out like the parameters. In bf16 mode the same
-// pass refreshes the bf16 compute copy of each updated weight.
+// pass refreshes the bf16 compute copy of each updated weight. With bf16-only weights (bf16-pure) the
+// moments are bf16 as well and each update is rounded stochastically into all three.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,8 @@ class AdamW {
   // One update with learning rate `lr`; gradients are multiplied by `grad_scale` (clipping) first.
   void step(double lr, double grad_scale, profile::Tracer* tracer);
   int64_t steps_taken() const { return step_; }
+  // Moments in bf16 (precision = "bf16-pure") or f32.
+  DType moment_dtype() const { return m_.dtype(); }
   // After loading m and v from a checkpoint: the bias corrections continue from `steps`.
   void restore_steps(int64_t steps) {
     step_ = steps;
@@ -37,6 +40,8 @@ class AdamW {
   bool sharded() const { return sharded_; }
 
  private:
+  void step_bf16(double lr, double grad_scale, profile::Tracer* tracer);  // bf16-only weights and moments
+
   model::ParameterStore& params_;
   AdamWConfig cfg_;
   std::vector<spec::ArenaRange> pieces_;

@@ -1,5 +1,7 @@
 #include "loom/train/checkpoint.h"
 
+#include "loom/kernels/elementwise.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "loom/core/file_writer.h"
 #include "loom/core/safetensors.h"
 #include "loom/error.h"
+#include "loom/kernels/elementwise.h"
 #include "loom/train/checkpoint_manifest.h"
 #include "loom/train/checkpoint_reader.h"
 
@@ -254,9 +257,11 @@ CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tenso
       if (a >= adam.pieces()[k].begin && a < adam.pieces()[k].end) return adam.local_offset(k) + (a - adam.pieces()[k].begin);
     throw Error("internal: arena element " + std::to_string(a) + " is in none of this rank's optimizer pieces");
   };
-  const float* master = t.params().master().data<float>();
-  const float* m = adam.m().data<float>();
-  const float* v = adam.v().data<float>();
+  // bf16-pure keeps weights and moments in bf16: they are saved widened to f32 (exact, so a resume is
+  // bitwise), which needs a copy even for a synchronous save.
+  const bool widen = t.params().bf16_only();
+  Tensor widened;
+  if (widen && !copy_into) copy_into = &widened;
   float* copy = nullptr;
   if (copy_into) {
     int64_t n = 0;
@@ -273,12 +278,23 @@ CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tenso
     const auto& p = table.params()[piece.param];
     const int64_t n = piece.end - piece.begin;
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    const float* src[3] = {master + piece.begin, m + moment_offset(piece.begin), v + moment_offset(piece.begin)};
-    if (copy)
-      for (auto*& s : src) {
-        std::memcpy(copy, s, bytes);
-        s = copy, copy += n;
-      }
+    const float* src[3] = {nullptr, nullptr, nullptr};
+    if (widen) {
+      t.params().read_f32(piece.begin, n, copy);
+      kernels::cast_bf16_to_f32(copy + n, adam.m().data<bf16>() + moment_offset(piece.begin), n);
+      kernels::cast_bf16_to_f32(copy + 2 * n, adam.v().data<bf16>() + moment_offset(piece.begin), n);
+      for (int k = 0; k < 3; ++k) src[k] = copy + k * n;
+      copy += 3 * n;
+    } else {
+      src[0] = t.params().master().data<float>() + piece.begin;
+      src[1] = adam.m().data<float>() + moment_offset(piece.begin);
+      src[2] = adam.v().data<float>() + moment_offset(piece.begin);
+      if (copy)
+        for (auto*& s : src) {
+          std::memcpy(copy, s, bytes);
+          s = copy, copy += n;
+        }
+    }
     add_piece(img, p, piece, src, seen);
   }
   const auto& data = t.data();
@@ -518,12 +534,23 @@ void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::Param
         throw IoError("checkpoint '" + dir.string() + "' holds no " + role_name(role) + " of tensor '" + p.name +
                       "' that this model needs; it is not a checkpoint of this model");
   }
-  float* master = params.master().data<float>();
+  // f32 state is read in place; bf16-pure's bf16 state through one tensor's worth of f32, rounded to
+  // nearest (exact for what bf16-pure saved; a checkpoint of f32 masters is rounded once).
+  const bool narrow = params.bf16_only();
+  std::vector<float> staged;
+  auto read_into = [&](const spec::ParamSpec& p, TensorRole role, int64_t begin, int64_t end, const Tensor& arena,
+                       int64_t at) {
+    if (!narrow) return reader.read(table, p, role, begin, end, arena.data<float>() + at);
+    staged.resize(static_cast<size_t>(end - begin));
+    reader.read(table, p, role, begin, end, staged.data());
+    kernels::cast_f32_to_bf16(arena.data<bf16>() + at, staged.data(), end - begin);
+  };
+  const Tensor& weights = params.weights();
   for (const auto& p : table.params()) {
     const spec::ArenaRange whole{p.offset, p.offset + p.numel()};
     const auto kept = weights_kept.empty() ? std::vector<spec::ArenaRange>{whole}
                                            : spec::intersect({weights_kept.begin(), weights_kept.end()}, {whole});
-    for (const auto& r : kept) reader.read(table, p, TensorRole::Weight, r.begin - p.offset, r.end - p.offset, master + r.begin);
+    for (const auto& r : kept) read_into(p, TensorRole::Weight, r.begin - p.offset, r.end - p.offset, weights, r.begin);
     if (!adam) continue;
     // Moments: only the parts inside this rank's optimizer pieces (all of it without ZeRO).
     for (size_t k = 0; k < adam->pieces().size(); ++k) {
@@ -531,8 +558,8 @@ void load_tensors(const fs::path& dir, const CheckpointManifest& m, model::Param
       const int64_t a = std::max(piece.begin, whole.begin), b = std::min(piece.end, whole.end);
       if (a >= b) continue;
       const int64_t local = adam->local_offset(k) + (a - piece.begin);
-      reader.read(table, p, TensorRole::ExpAvg, a - p.offset, b - p.offset, adam->m().data<float>() + local);
-      reader.read(table, p, TensorRole::ExpAvgSq, a - p.offset, b - p.offset, adam->v().data<float>() + local);
+      read_into(p, TensorRole::ExpAvg, a - p.offset, b - p.offset, adam->m(), local);
+      read_into(p, TensorRole::ExpAvgSq, a - p.offset, b - p.offset, adam->v(), local);
     }
   }
 }

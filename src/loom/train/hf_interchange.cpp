@@ -29,7 +29,9 @@ void export_hf(const std::string& path, const model::ParameterStore& params, con
   std::vector<std::vector<unsigned char>> storage;
   std::vector<SafetensorsEntry> entries;
   for (const auto& p : params.table().params()) {
-    const float* src = params.master().data<float>() + p.offset;
+    std::vector<float> values(static_cast<size_t>(p.numel()));  // widened exactly from bf16-only weights
+    params.read_f32(p.offset, p.numel(), values.data());
+    const float* src = values.data();
     std::vector<int64_t> shape = p.shape;
     const bool transpose = is_conv1d(cfg, p.name);
     if (transpose) std::swap(shape[0], shape[1]);
@@ -63,14 +65,15 @@ void import_hf(const std::string& path, model::ParameterStore& params, const spe
       throw IoError(path + ": tensor '" + p.name + "' has the wrong shape for this config (check the model keys)");
     if (e.dtype != DType::F32 && e.dtype != DType::BF16)
       throw IoError(path + ": tensor '" + p.name + "' is " + std::string(dtype_name(e.dtype)) + "; Loom imports F32 or BF16");
-    float* dst = params.master().data<float>() + p.offset;
     const int64_t n = p.numel();
+    std::vector<float> dst(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       // dst is [out, in] = [r][c]; the file holds [c][r] when transposed.
       int64_t j = transpose ? (i % p.shape[1]) * p.shape[0] + i / p.shape[1] : i;
-      dst[i] = e.dtype == DType::F32 ? static_cast<const float*>(e.data)[j]
-                                     : bf16_to_f32(static_cast<const bf16*>(e.data)[j]);
+      dst[static_cast<size_t>(i)] = e.dtype == DType::F32 ? static_cast<const float*>(e.data)[j]
+                                                          : bf16_to_f32(static_cast<const bf16*>(e.data)[j]);
     }
+    params.write_f32(p.offset, n, dst.data());
   }
   for (const auto& e : f.tensors()) {
     const bool tied_head = e.name == "lm_head.weight" && cfg.tie_embeddings;

@@ -140,14 +140,17 @@ const std::vector<Field>& fields() {
       LOOM_BOOL("model.tie_embeddings", model.resolved.tie_embeddings, "LM head shares the token embedding"),
       LOOM_DOUBLE("model.init_std", model.resolved.init_std, ({0, 10, true}), "standard deviation of the normal initialisation"),
       Field{"precision", "string",
-            "\"fp32\", \"bf16\" (bf16 GEMMs, f32 accumulation and master weights) or \"bf16-sr\" (bf16 whose "
-            "weight copies are rounded stochastically after each update)",
+            "\"fp32\", \"bf16\" (bf16 GEMMs, f32 accumulation and master weights), \"bf16-sr\" (bf16 whose "
+            "weight copies are rounded stochastically after each update) or \"bf16-pure\" (weights and AdamW moments "
+            "stored in bf16 only, no f32 master, every update rounded stochastically)",
             [](RunConfig& c, const toml::node& n) {
               const std::string v = as_string(n, "precision");
-              if (v != "fp32" && v != "f32" && v != "bf16" && v != "bf16-sr")
-                throw ConfigError("precision = '" + v + "' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\")");
-              c.stochastic_rounding = v == "bf16-sr";
-              c.precision = model::parse_precision(c.stochastic_rounding ? "bf16" : v);
+              if (v != "fp32" && v != "f32" && v != "bf16" && v != "bf16-sr" && v != "bf16-pure")
+                throw ConfigError("precision = '" + v +
+                                  "' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\", \"bf16-pure\")");
+              c.pure_bf16 = v == "bf16-pure";
+              c.stochastic_rounding = v == "bf16-sr" || c.pure_bf16;
+              c.precision = model::parse_precision(v == "fp32" || v == "f32" ? v : "bf16");
             },
             [](const RunConfig& c) { return quote(c.precision_label()); }},
       LOOM_INT("train.seed", train.seed, 0, 9.2233720368547748e18, "seed of initialisation and data order"),
@@ -361,6 +364,11 @@ void RunConfig::validate() const {
   need(!checkpoint.dir.empty(), "checkpoint.dir must not be empty");
   need(checkpoint.format == "sharded" || checkpoint.format == "whole",
        "checkpoint.format = \"" + checkpoint.format + "\" is not a checkpoint format (\"sharded\" or \"whole\")");
+  // The whole format gathers f32 masters on rank 0; bf16-pure has none (its sharded files hold the
+  // bf16 values widened to f32, exactly).
+  need(!(pure_bf16 && checkpoint.format == "whole"),
+       "checkpoint.format = \"whole\" is not available with precision = \"bf16-pure\" (it gathers f32 master weights, "
+       "which bf16-pure does not keep): use the default checkpoint.format = \"sharded\"");
   const ParallelSection& p = parallel;
   need(p.bucket_kb >= 0 && p.bucket_kb <= (int64_t{1} << 24),
        "parallel.bucket_kb must be 0..16777216 (0: one all-reduce after backward)");

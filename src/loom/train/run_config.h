@@ -84,12 +84,16 @@ struct ParallelSection {
 struct RunConfig {
   ModelSection model;
   TrainSection train;
+  // The GEMMs' dtype: FP32 for "fp32", BF16 for every other mode.
   model::Precision precision = model::Precision::FP32;
-  // precision = "bf16-sr": bf16 (precision BF16) with the weights' bf16 copies rounded stochastically
-  // after each update (model::ParameterStore::use_stochastic_rounding).
+  // precision = "bf16-sr": bf16 with the weights' bf16 copies rounded stochastically after each update
+  // (model::ParameterStore::use_stochastic_rounding). Also true under "bf16-pure".
   bool stochastic_rounding = false;
+  // precision = "bf16-pure": parameters and AdamW moments stored in bf16 only (no f32 master), every
+  // update rounded stochastically (model::ParameterStore's pure storage, AdamW's bf16 state).
+  bool pure_bf16 = false;
   std::string precision_label() const {
-    return stochastic_rounding ? "bf16-sr" : model::precision_name(precision);
+    return pure_bf16 ? "bf16-pure" : stochastic_rounding ? "bf16-sr" : model::precision_name(precision);
   }
   DataSection data;
   CheckpointSection checkpoint;

@@ -323,7 +323,8 @@ SessionSummary Session::run() {
             } catch (const Error& e) {
               say(std::string("warning: ") + e.what() + "; saving step " + std::to_string(s.step) + " now");
             }
-            const std::string path = checkpoints.write(capture(nullptr, nullptr));
+            // (The allocator: bf16-pure's values are widened to f32 into a buffer of it.)
+            const std::string path = checkpoints.write(capture(nullptr, &backend.allocator()));
             say("checkpoint saved: " + path);
           }
         }

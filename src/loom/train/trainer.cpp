@@ -53,7 +53,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   auto table = spec::build_param_table(cfg_.model.resolved, par_.shard);
   const bool lowp_mode = cfg_.precision == model::Precision::BF16;
   // The data-parallel strategy decides how the arenas are backed before they exist.
-  const parallel::DataParallelSetup setup{&table, L, lowp_mode, static_cast<int>(cfg_.parallel.zero),
+  const parallel::DataParallelSetup setup{&table, L, lowp_mode, cfg_.pure_bf16, static_cast<int>(cfg_.parallel.zero),
                                           static_cast<size_t>(cfg_.parallel.bucket_kb) << 10,
                                           cfg_.parallel.zero_release == "eager" ? PageReservation::Release::Eager
                                                                                 : PageReservation::Release::Lazy};
@@ -62,7 +62,9 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   registered_grads_ = std::move(needs.grads_memory);
   model::ArenaBacking backing{needs.master_on_demand, needs.lowp_on_demand, needs.grads_on_demand,
                               registered_grads_.size() ? registered_grads_.as<float>() : nullptr};
-  params_ = std::make_unique<model::ParameterStore>(std::move(table), cfg_.precision, alloc, backing);
+  params_ = std::make_unique<model::ParameterStore>(
+      std::move(table), cfg_.precision, alloc, backing,
+      cfg_.pure_bf16 ? model::WeightStorage::Bf16Only : model::WeightStorage::F32Masters);
   if (cfg_.stochastic_rounding) params_->use_stochastic_rounding(cfg_.train.seed);
   params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get(),
@@ -77,7 +79,8 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
         cfg_.seq_len(), lowp_mode && cfg_.parallel.pipeline_bf16_transfers, backend_.tracer());
   else
     ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
-  data_parallel_->attach({params_->master().data<float>(), params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
+  data_parallel_->attach({params_->master().defined() ? params_->master().data<float>() : nullptr,
+                          params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
                           params_->grads().data<float>(), params_->master_pages(), params_->lowp_pages(),
                           params_->grad_pages()});
   hooks_ = std::make_unique<StepHooks>(*data_parallel_);
@@ -289,14 +292,16 @@ void Trainer::check_replicas(int64_t step) {
   profile::Span span(backend_.tracer(), "check_replicas", profile::Category::Host);
   // Fault injection for the test of this check: the last replica's first weight moves by one ulp.
   if (const char* f = std::getenv("LOOM_FAULT_INJECT"); f && std::string(f) == "replica_drift" && dp_rank_ == dp_size_ - 1) {
-    float* w = params_->master().data<float>();
-    w[0] = std::nextafter(w[0], 1e30f);
+    if (params_->master().defined()) {
+      float* w = params_->master().data<float>();
+      w[0] = std::nextafter(w[0], 1e30f);
+    }
     if (params_->lowp().defined()) params_->lowp().data<bf16>()[0].bits += 1;  // what sharded-master replicas compare
   }
-  auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.data<float>(), t.numel() * sizeof(float)) : 0; };
+  auto hash_of = [](const Tensor& t) { return t.numel() ? checksum64(t.raw(), t.nbytes()) : 0; };
   const bool moments = same.moments;
-  auto hash_lowp = [](const Tensor& t) { return checksum64(t.data<bf16>(), t.nbytes()); };
-  const uint64_t weights = same.weights_as_lowp ? hash_lowp(params_->lowp()) : hash_of(params_->master());
+  // bf16-only weights are the bf16 arena.
+  const uint64_t weights = hash_of(same.weights_as_lowp || params_->bf16_only() ? params_->lowp() : params_->master());
   const uint64_t mine[3] = {weights, moments ? hash_of(optimizer_->m()) : 0, moments ? hash_of(optimizer_->v()) : 0};
   std::vector<uint64_t> all(3 * static_cast<size_t>(dp_size_));
   dp_->all_gather(mine, all.data(), 3, DType::I64).wait();
