@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -33,6 +34,13 @@ void expect_layouts_agree(const std::string& precision, int steps, const std::st
     EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
     EXPECT_EQ(count(r.out, "PASS"), others) << r.out;
   }
+}
+
+// `loom ARGS` fails before training, saying `message`.
+void expect_refused(const std::string& args, const std::string& message) {
+  auto r = run_loom(args);
+  EXPECT_NE(r.rc, 0) << args;
+  EXPECT_THAT(r.err, HasSubstr(message)) << args;
 }
 
 // `loom train --json` of tiny for 12 steps in `precision`, its output in dir/precision.
@@ -85,10 +93,9 @@ TEST(PrecisionCli, PureBf16HoldsTenBytesPerParameterAndTrainsBesideBf16) {
   EXPECT_EQ(pure["precision"], "bf16-pure");
   const double a = bf16["final_loss"].get<double>(), b = pure["final_loss"].get<double>();
   EXPECT_NEAR(a, b, 2e-2 * a);
-  auto r = run_loom("train " + kTiny + "--set precision=bf16-pure --set checkpoint.format=whole --set train.out_dir=" +
-                    (dir / "whole").string());
-  EXPECT_NE(r.rc, 0);
-  EXPECT_THAT(r.err, HasSubstr("checkpoint.format = \"whole\" is not available with precision = \"bf16-pure\""));
+  expect_refused("train " + kTiny + "--set precision=bf16-pure --set checkpoint.format=whole --set train.out_dir=" +
+                     (dir / "whole").string(),
+                 "checkpoint.format = \"whole\" is not available with precision = \"bf16-pure\"");
   std::filesystem::remove_all(dir);
 }
 
@@ -131,6 +138,94 @@ TEST(PrecisionCli, PureBf16ResumesBitwiseAndAcrossLayouts) {
   std::filesystem::remove_all(dir);
 }
 
+// fp8 (issue 16 item 2): each recipe trains beside bf16, says at start-up that it is an emulation, and
+// logs every step's overflow and underflow counts per tensor; bad recipe and format names are refused.
+TEST(PrecisionCli, Fp8RecipesTrainBesideBf16SayTheyAreEmulatedAndCountWhatTheyLose) {
+  auto dir = scratch_dir("fp8");
+  const double bf16 = train_json(dir, "bf16")["final_loss"].get<double>();
+  for (const char* recipe : {"delayed", "current", "blockwise"}) {
+    SCOPED_TRACE(recipe);
+    const auto out = dir / recipe;
+    auto r = run_loom("train " + kTiny + "--json --set train.steps=12 --set train.eval_every=0 --set checkpoint.save_every=0 "
+                      "--set precision=fp8 --set fp8.recipe=" + std::string(recipe) + " --set train.out_dir=" + out.string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(std::string("fp8 (") + recipe + " scaling, E4M3 activations and weights, E5M2 gradients) is emulated"));
+    const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    EXPECT_EQ(j["precision"], "fp8");
+    EXPECT_NEAR(j["final_loss"].get<double>(), bf16, 2e-2 * bf16);
+    std::ifstream log(out / "metrics.jsonl");
+    int lines = 0;
+    int64_t underflow = 0;
+    for (std::string line; std::getline(log, line); ++lines) {
+      const auto m = nlohmann::json::parse(line);
+      ASSERT_TRUE(m.contains("fp8_overflow") && m.contains("fp8_underflow") && m["fp8_tensors"].is_object()) << line;
+      int64_t per_tensor = 0;
+      for (const auto& [name, counts] : m["fp8_tensors"].items()) {
+        EXPECT_THAT(name, ::testing::MatchesRegex(R"(layers\.[01]\.(qkv|out|up|down)\.(input|weight|output_grad))"));
+        per_tensor += counts[1].get<int64_t>();
+      }
+      EXPECT_EQ(per_tensor, m["fp8_underflow"].get<int64_t>());
+      underflow += per_tensor;
+    }
+    EXPECT_EQ(lines, 12);
+    EXPECT_GT(underflow, 0) << "a 3-bit mantissa loses the smallest values of some tensor";
+  }
+  expect_refused("train " + kTiny + "--set precision=fp8 --set fp8.recipe=tensorwise",
+                 "fp8.recipe = \"tensorwise\" is not a recipe (valid: \"delayed\", \"current\", \"blockwise\")");
+  expect_refused("train " + kTiny + "--set precision=fp8 --set fp8.grad_format=e3m4",
+                 "fp8.grad_format = \"e3m4\" is not an fp8 format");
+  std::filesystem::remove_all(dir);
+}
+
+// Delayed scaling's state: amaxes are reduced over every rank, so layouts agree (within fp8's own
+// rounding: an element that lands on the other side of a rounding boundary moves by a 16th); the
+// histories are saved in the checkpoint, so a resumed run continues bitwise, and they are what
+// scales the next step (a checkpoint whose histories are changed continues differently).
+TEST(PrecisionCli, Fp8DelayedScalingAgreesAcrossLayoutsAndResumesBitwise) {
+  auto v = run_loom("verify " + kTiny + "--steps 6 --set precision=fp8 --set train.batch_size=8 "
+                    "--set train.micro_batch_size=2 --tolerance 1e-3 --layouts \"dp=1;dp=2,zero=3;tp=2,sp=1;pp=2\"");
+  EXPECT_EQ(v.rc, 0) << v.out << v.err;
+  EXPECT_EQ(count(v.out, "PASS"), 3) << v.out;
+
+  auto dir = scratch_dir("fp8-ck");
+  auto train = [&](const std::string& name, const std::string& extra) {
+    auto r = run_loom("train " + kTiny + "--quiet --set precision=fp8 --set train.steps=6 --set train.eval_every=0 "
+                      "--set checkpoint.save_every=2 --set train.out_dir=" + (dir / name / "out").string() +
+                      " --save-dir " + (dir / name / "ck").string() + " " + extra);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return losses(dir / name / "out");
+  };
+  auto resume_from_step_4 = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    std::filesystem::create_directories(dir / name);
+    std::filesystem::copy(dir / "whole" / "ck", dir / name / "ck", std::filesystem::copy_options::recursive);
+    std::ofstream(dir / name / "ck" / "latest") << "step-00000004\n";
+    if (edit) {
+      const auto path = dir / name / "ck" / "step-00000004" / "manifest.json";
+      nlohmann::json m = nlohmann::json::parse(std::ifstream(path));
+      edit(m);
+      std::ofstream(path) << m.dump();
+    }
+    return train(name, "--resume");
+  };
+  const auto whole = train("whole", "");
+  ASSERT_EQ(whole.size(), 6u);
+  const auto manifest = nlohmann::json::parse(std::ifstream(dir / "whole" / "ck" / "step-00000004" / "manifest.json"));
+  ASSERT_TRUE(manifest.contains("fp8")) << manifest.dump();
+  EXPECT_EQ(manifest["fp8"]["recipe"], "delayed");
+  EXPECT_EQ(manifest["fp8"]["amax_history"]["layers.1.down.output_grad"].size(), 4u) << "one amax per step so far";
+  const auto resumed = resume_from_step_4("again", nullptr);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed[0], whole[4]);  // bitwise
+  EXPECT_EQ(resumed[1], whole[5]);
+  const auto moved = resume_from_step_4("moved", [](nlohmann::json& m) {
+    for (auto& [name, history] : m["fp8"]["amax_history"].items())
+      for (auto& a : history) a = a.get<double>() * 1024;  // ten powers of two: every scale shrinks
+  });
+  ASSERT_EQ(moved.size(), 2u);
+  EXPECT_NE(moved[0], whole[4]);
+  std::filesystem::remove_all(dir);
+}
+
 // Issue 16 item 5: `loom verify --numerics` trains the config once per precision on the same data and
 // compares each curve with the first, with a bar on the final validation loss, and plots them (SVG).
 TEST(PrecisionCli, VerifyNumericsComparesPrecisionsAndPlotsTheCurves) {
@@ -151,17 +246,15 @@ TEST(PrecisionCli, VerifyNumericsComparesPrecisionsAndPlotsTheCurves) {
   r = run_loom("verify --numerics " + kTiny + "--steps 3 --precisions \"fp32;bf16\" --tolerance 1e-12");
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("FAIL"));
-  r = run_loom("verify --numerics " + kTiny + "--precisions \"fp32;fp7\"");
-  EXPECT_NE(r.rc, 0);
-  EXPECT_THAT(r.err, HasSubstr("--precisions: 'fp7': precision = 'fp7' is not supported"));
+  expect_refused("verify --numerics " + kTiny + "--precisions \"fp32;fp7\"",
+                 "--precisions: 'fp7': precision = 'fp7' is not supported");
   std::filesystem::remove_all(dir);
 }
 
 TEST(PrecisionCli, AnUnknownPrecisionIsRefusedNamingTheValidOnes) {
-  auto r = run_loom("train " + kTiny + "--set precision=bf16-impure");
-  EXPECT_NE(r.rc, 0);
-  EXPECT_THAT(r.err, HasSubstr("precision = 'bf16-impure' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\", "
-                               "\"bf16-pure\""));
+  expect_refused("train " + kTiny + "--set precision=bf16-impure",
+                 "precision = 'bf16-impure' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\", \"bf16-pure\", "
+                 "\"fp8\")");
 }
 
 }  // namespace

@@ -63,8 +63,8 @@ RunInputs read_run_dir(const fs::path& dir) {
   r.facts.tokens_per_step = static_cast<double>(cfg.train.batch_size * cfg.seq_len());
   r.facts.model_flops_per_token = j.value("model_flops_per_token", 0.0);
   r.peak_flops = j.value("peak_flops", 0.0);
-  // "bf16" and "bf16-sr" run their GEMMs in bf16.
-  r.precision = j.value("precision", std::string("fp32")).rfind("bf16", 0) == 0 ? "bf16" : "f32";
+  // Every precision but fp32 runs its GEMMs in bf16 (fp8 is emulated by bf16 GEMMs).
+  r.precision = cfg.precision == model::Precision::BF16 ? "bf16" : "f32";
   if (cfg.trace.file.empty())
     throw ConfigError("the run in '" + dir.string() + "' wrote no trace: train with --set trace.file=" +
                       (dir / "trace.json").string() + " and report again");

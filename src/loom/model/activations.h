@@ -59,6 +59,8 @@ struct ActivationContext {
   // Split backward only: per block of the chunk (L entries, the chunk's defined), its linears' output
   // gradients between the input- and the weight-gradient pass.
   std::vector<BlockOutputGrads> split;
+  // precision = "fp8": a linear's quantised output gradient, one linear at a time (the largest of them).
+  Tensor fp8_dy;
   int64_t valid_targets = 0;             // targets >= 0 in this micro-batch
 };
 

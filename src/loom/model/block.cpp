@@ -1,6 +1,7 @@
 #include "loom/model/block.h"
 
 #include "loom/kernels/elementwise.h"
+#include "loom/model/fp8_recipe.h"
 
 namespace loom::model {
 
@@ -101,6 +102,17 @@ void BlockRunner::to_gemm_input(const Tensor& lp, const Tensor& f32) {
   if (lowp_) be_.cast(lp, f32);
 }
 
+void BlockRunner::to_gemm_input(const Tensor& lp, const Tensor& f32, int64_t layer, Fp8Linear k) {
+  if (fp8_ && layer >= 0)
+    fp8_->quantize_input(layer, k, lp, f32);
+  else
+    to_gemm_input(lp, f32);
+}
+
+BlockWeights BlockRunner::gemm_weights(int64_t layer, const BlockWeights& w) const {
+  return fp8_ && layer >= 0 ? fp8_->weights(layer, w) : w;
+}
+
 void BlockRunner::norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                const Tensor& x) {
   if (llama_)
@@ -117,26 +129,27 @@ void BlockRunner::norm_backward(const NormViews& n, const Tensor& dx, const Tens
     be_.layernorm_backward(dx, n.dw, n.db, dout, x, n.w, mean, rstd);
 }
 
-void BlockRunner::forward(const BlockWeights& w, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-                          AttentionStep& attention) {
+void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
+                          AttentionStep& attention, int64_t layer) {
+  const BlockWeights w = gemm_weights(layer, weights);
   // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in)))); qkv column-parallel
   // (this rank's heads), out_proj row-parallel.
   norm_forward(w.norm1, a.n1_out, a.n1_mean, a.n1_rstd, x_in);
-  to_gemm_input(a.n1_lp, a.n1_out);
+  to_gemm_input(a.n1_lp, a.n1_out, layer, Fp8Linear::Qkv);
   ops_.column_forward(a.qkv, a.n1_lp, w.qkv);
   attention.forward(a.att, a.lse, a.qkv);
-  to_gemm_input(a.att_lp, a.att);
+  to_gemm_input(a.att_lp, a.att, layer, Fp8Linear::Out);
   a.x_mid.copy_from(x_in);
   ops_.row_forward_add(a.x_mid, a.att_lp, w.out);
   // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid)))); up column-, down row-parallel.
   norm_forward(w.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
-  to_gemm_input(a.n2_lp, a.n2_out);
+  to_gemm_input(a.n2_lp, a.n2_out, layer, Fp8Linear::Up);
   ops_.column_forward(a.h_pre, a.n2_lp, w.up);
   if (llama_)
     be_.swiglu_forward(a.h_act, a.h_pre);
   else
     be_.gelu_forward(a.h_act, a.h_pre);
-  to_gemm_input(a.h_act_lp, a.h_act);
+  to_gemm_input(a.h_act_lp, a.h_act, layer, Fp8Linear::Down);
   x_out.copy_from(a.x_mid);
   ops_.row_forward_add(x_out, a.h_act_lp, w.down);
 }

@@ -23,6 +23,10 @@ struct BlockWeights {
   NormViews norm1, norm2;
   LinearViews qkv, out, up, down;  // q|k|v and gate|up each one fused GEMM
 };
+
+// fp8 (model/fp8_recipe.h), declared here because the block's forward quantises through it.
+enum class Fp8Linear;
+class Fp8Recipe;
 struct ModelWeights {
   Tensor wte, dwte, wpe, dwpe;  // wpe: GPT-2's learned positions
   NormViews norm_f;
@@ -61,19 +65,28 @@ class BlockRunner {
  public:
   BlockRunner(const spec::TransformerConfig& cfg, kernels::Backend& backend, kernels::LayerOps& ops, bool lowp);
 
+  // `layer`: the block's global index (which fp8 scaling state its GEMM inputs use).
   void forward(const BlockWeights& w, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-               AttentionStep& attention);
+               AttentionStep& attention, int64_t layer = -1);
   void norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x);
   void norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x, const Tensor& mean,
                      const Tensor& rstd);
   // In bf16 mode writes the bf16 copy GEMMs read (in fp32 mode the copy is the tensor itself).
   void to_gemm_input(const Tensor& lp, const Tensor& f32);
+  // The same for the input of block `layer`'s linear `k`: quantised under fp8 (set_fp8), else as above.
+  void to_gemm_input(const Tensor& lp, const Tensor& f32, int64_t layer, Fp8Linear k);
+  // precision = "fp8": the blocks' linears quantise their inputs and weights under this recipe.
+  void set_fp8(Fp8Recipe* fp8) { fp8_ = fp8; }
+  Fp8Recipe* fp8() const { return fp8_; }
+  // The weights block `layer`'s GEMMs read: quantised under fp8, else `w` itself.
+  BlockWeights gemm_weights(int64_t layer, const BlockWeights& w) const;
 
  private:
   const spec::TransformerConfig& cfg_;
   kernels::Backend& be_;
   kernels::LayerOps& ops_;
   bool llama_, lowp_;
+  Fp8Recipe* fp8_ = nullptr;
 };
 
 }  // namespace loom::model

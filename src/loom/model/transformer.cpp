@@ -5,6 +5,7 @@
 
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
+#include "loom/model/fp8_recipe.h"
 #include "loom/profile/tracer.h"
 
 namespace loom::model {
@@ -138,6 +139,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
     c.losses = f32({N});
   }
   c.d_res = f32({R, C}), c.d_norm = f32({R, C}), c.d_att = f32({N, H * D}), c.d_qkv = f32({N, QKV});
+  if (runner_.fp8() && ch.last > ch.first) c.fp8_dy = f32({std::max({R * C, N * HPRE, N * QKV})});
   if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
   if (split_backward) {
@@ -148,17 +150,26 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   return c;
 }
 
-void Transformer::block_backward(const BlockWeights& blk, BlockActivations& a, ActivationContext& c,
+void Transformer::block_backward(int64_t layer, const BlockWeights& weights, BlockActivations& a, ActivationContext& c,
                                  const Tensor& x_in, const kernels::AttentionShape& s, BlockOutputGrads* split) {
   auto& be = backend_;
   auto& ops = *ops_;
+  const BlockWeights blk = runner_.gemm_weights(layer, weights);
+  Fp8Recipe* fp8 = runner_.fp8();
   // Split: the four linears compute their input gradients only, and their output gradients stay in
   // `split` for the weight pass (the residual stream's gradient is copied: the norms' backward adds
   // into it). Whole: each linear computes both (row- or column-parallel as the op interface has it).
   const Tensor& d_h_pre = split ? split->up : c.d_h_pre;
   const Tensor& d_qkv = split ? split->qkv : c.d_qkv;
-  auto linear_backward = [&](const Tensor& dx, const kernels::LinearWeights& lin, const Tensor& dy, const Tensor& x,
-                             bool row, const Tensor* keep_dy) {
+  auto linear_backward = [&](const Tensor& dx, const kernels::LinearWeights& lin, const Tensor& dy_in, const Tensor& x,
+                             bool row, const Tensor* keep_dy, Fp8Linear k) {
+    // fp8: the GEMMs read the output gradient quantised (into a buffer: dy itself flows on, e.g. the
+    // residual stream's gradient); the bias gradient is summed from it too.
+    Tensor dy = dy_in;
+    if (fp8) {
+      dy = c.fp8_dy.view(0, dy_in.shape());
+      fp8->quantize_output_grad(layer, k, dy, dy_in);
+    }
     if (split) {
       if (keep_dy) keep_dy->copy_from(dy);
       ops.linear_backward_input(dx, lin, dy, x);
@@ -169,19 +180,19 @@ void Transformer::block_backward(const BlockWeights& blk, BlockActivations& a, A
     }
   };
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
-  linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr);
+  linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr, Fp8Linear::Down);
   if (llama_)
     be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
   else
     be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
-  linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr);
+  linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr, Fp8Linear::Up);
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
   runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
-  linear_backward(c.d_att, blk.out, c.d_res, a.att_lp, true, split ? &split->out : nullptr);
+  linear_backward(c.d_att, blk.out, c.d_res, a.att_lp, true, split ? &split->out : nullptr, Fp8Linear::Out);
   be.attention_backward(d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
   if (llama_) be.rope_backward(d_qkv, rope_.cos, rope_.sin, s);
-  linear_backward(c.d_norm, blk.qkv, d_qkv, a.n1_lp, false, nullptr);
+  linear_backward(c.d_norm, blk.qkv, d_qkv, a.n1_lp, false, nullptr, Fp8Linear::Qkv);
   runner_.norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
   add_partial_grads({&blk.norm2, &blk.norm1}, c);
 }
@@ -195,11 +206,11 @@ void Transformer::recompute_block(int64_t l, ActivationContext& c, const kernels
   if (c.recompute == spec::Recompute::Full) {
     WholeSequence attention(backend_, rope_, llama_, s);
     runner_.forward(w_.blocks[static_cast<size_t>(l)], a, c.residual[static_cast<size_t>(l)], c.recompute_out,
-                    attention);
+                    attention, l);
   } else {
     // qkv was saved after the rotary embedding: only the attention core runs again.
     backend_.attention_forward(a.att, a.lse, a.qkv, s);
-    runner_.to_gemm_input(a.att_lp, a.att);
+    runner_.to_gemm_input(a.att_lp, a.att, l, Fp8Linear::Out);
   }
 }
 
@@ -294,7 +305,7 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
   for (int64_t l = ch.first; l < ch.last; ++l) {
     profile::ScopedSpanContext where(static_cast<int>(l), "F");
     h.before_forward(l);
-    runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention);
+    runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention, l);
     h.after_forward(l);
   }
   if (!heads) return 0.0;
@@ -348,7 +359,7 @@ void Transformer::backward_walk(ActivationContext& c, const Chunk& ch, bool spli
     profile::ScopedSpanContext where(static_cast<int>(l), pass);
     h.before_backward(l);
     recompute_block(l, c, s);
-    block_backward(w_.blocks[l], c.blocks[l], c, c.residual[l], s, split ? &c.split[static_cast<size_t>(l)] : nullptr);
+    block_backward(l, w_.blocks[l], c.blocks[l], c, c.residual[l], s, split ? &c.split[static_cast<size_t>(l)] : nullptr);
     if (!split) h.after_backward(l);
   }
   if (ch.embeddings) {

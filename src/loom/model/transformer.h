@@ -67,13 +67,16 @@ class Transformer {
   void backward_chunk_weight(ActivationContext& ctx, const Chunk& chunk);
   // Called around every unit's use in forward and backward (nullptr: none). Not owned.
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
+  // precision = "fp8": the blocks' linears quantise under `fp8` (owned by the caller; before any
+  // make_context, which then sizes the quantised output gradient's buffer).
+  void set_fp8(Fp8Recipe* fp8) { runner_.set_fp8(fp8); }
 
  private:
   // backward_chunk (split false) or its input-gradient pass (split true): one walk over the chunk.
   void backward_walk(ActivationContext& ctx, const Chunk& chunk, bool split);
   // split: the block's linears compute only their input gradients and leave their output gradients in
   // `split` (for block_backward_weight); nullptr: whole.
-  void block_backward(const BlockWeights& w, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
+  void block_backward(int64_t layer, const BlockWeights& w, BlockActivations& a, ActivationContext& ctx, const Tensor& x_in,
                       const kernels::AttentionShape& s, BlockOutputGrads* split = nullptr);
   void block_backward_weight(const BlockWeights& w, const BlockActivations& a, const BlockOutputGrads& g);
   // Under recompute: refills what block l's backward reads and the context did not keep.

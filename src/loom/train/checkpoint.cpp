@@ -1,6 +1,7 @@
 #include "loom/train/checkpoint.h"
 
 #include "loom/kernels/elementwise.h"
+#include "loom/model/fp8_recipe.h"
 
 #include <unistd.h>
 
@@ -151,6 +152,14 @@ json checkpoint_facts(Trainer& t, int64_t step) {
           {"config_toml", cfg.to_toml()}};
 }
 
+// precision = "fp8": the scaling state every rank holds alike (amaxes are reduced over all ranks).
+void add_fp8_state(nlohmann::json& facts, const Trainer& t) {
+  if (!t.fp8()) return;
+  json history = json::object();
+  for (const auto& [name, values] : t.fp8()->histories()) history[name] = values;
+  facts["fp8"] = {{"recipe", model::fp8_scaling_name(t.fp8()->config().recipe)}, {"amax_history", history}};
+}
+
 }  // namespace
 
 CheckpointImage CheckpointManager::capture(Trainer& t, int64_t step, Tensor* copy_into, Allocator* alloc) const {
@@ -191,6 +200,7 @@ CheckpointImage CheckpointManager::capture(Trainer& t, int64_t step, Tensor* cop
   img.tokenizer_file = data.tokenizer_file();
   img.tokenizer_hash = data.tokenizer_hash();
   img.facts = checkpoint_facts(t, step);
+  add_fp8_state(img.facts, t);
   img.facts["ranks"] = 1;  // rank 0 alone writes the gathered tensors
   return img;
 }
@@ -300,7 +310,10 @@ CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tenso
   const auto& data = t.data();
   img.tokenizer_file = data.tokenizer_file();
   img.tokenizer_hash = data.tokenizer_hash();
-  if (rank_ == 0) img.facts = checkpoint_facts(t, step);
+  if (rank_ == 0) {
+    img.facts = checkpoint_facts(t, step);
+    add_fp8_state(img.facts, t);
+  }
   return img;
 }
 
@@ -639,6 +652,7 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
   load_tensors(dir, m, params, &adam, trainer.weights_held());
   // The update count first: under bf16-sr the refreshed bf16 copies are keyed by it.
   adam.restore_steps(m.optimizer_steps);
+  if (trainer.fp8()) trainer.fp8()->restore(m.fp8_amax_history);
   trainer.weights_changed();
   report.step = m.step;
   trainer.set_start_step(report.step);

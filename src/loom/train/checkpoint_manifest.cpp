@@ -1,5 +1,6 @@
 #include "loom/train/checkpoint_manifest.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -83,6 +84,21 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
     out.tokenizer = std::move(tok);
   }
   out.config_toml = f.string(f.at(m, "config_toml", "the manifest"), "config_toml");
+  if (m.contains("fp8")) {
+    const json& history = f.at(m["fp8"], "amax_history", "fp8");
+    if (!history.is_object()) f.fail("fp8.amax_history is not an object");
+    for (const auto& [name, values] : history.items()) {
+      if (!values.is_array()) f.fail("fp8.amax_history." + name + " is not an array");
+      std::vector<float> h;
+      for (const json& v : values) {
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 ||
+            v.get<double>() > std::numeric_limits<float>::max())
+          f.fail("fp8.amax_history." + name + " holds " + v.dump() + ", not a finite amax");
+        h.push_back(v.get<float>());
+      }
+      out.fp8_amax_history.emplace_back(name, std::move(h));
+    }
+  }
   const json& tensors = f.at(m, "tensors", "the manifest");
   if (!tensors.is_array()) f.fail("tensors is not an array");
   auto shape_of = [&](const json& v, const std::string& what) {

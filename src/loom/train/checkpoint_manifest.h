@@ -54,6 +54,8 @@ struct CheckpointManifest {
   std::vector<CheckpointTensorEntry> tensors;
   std::vector<CheckpointParam> params;  // every parameter the checkpoint holds, whole shapes
   int64_t ranks = 1;                    // how many ranks wrote it (files)
+  // precision = "fp8": each quantised tensor's amax history (oldest first), by name; empty otherwise.
+  std::vector<std::pair<std::string, std::vector<float>>> fp8_amax_history;
 };
 
 // Parses and checks a manifest's text; `origin` names it in errors. Throws IoError naming the file and

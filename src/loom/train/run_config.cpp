@@ -141,18 +141,27 @@ const std::vector<Field>& fields() {
       LOOM_DOUBLE("model.init_std", model.resolved.init_std, ({0, 10, true}), "standard deviation of the normal initialisation"),
       Field{"precision", "string",
             "\"fp32\", \"bf16\" (bf16 GEMMs, f32 accumulation and master weights), \"bf16-sr\" (bf16 whose "
-            "weight copies are rounded stochastically after each update) or \"bf16-pure\" (weights and AdamW moments "
-            "stored in bf16 only, no f32 master, every update rounded stochastically)",
+            "weight copies are rounded stochastically after each update), \"bf16-pure\" (weights and AdamW moments "
+            "stored in bf16 only, no f32 master, every update rounded stochastically) or \"fp8\" (bf16 whose blocks' "
+            "linears quantise their GEMM inputs to fp8 under fp8.recipe: an emulation of fp8 numerics, not a speed-up)",
             [](RunConfig& c, const toml::node& n) {
               const std::string v = as_string(n, "precision");
-              if (v != "fp32" && v != "f32" && v != "bf16" && v != "bf16-sr" && v != "bf16-pure")
+              if (v != "fp32" && v != "f32" && v != "bf16" && v != "bf16-sr" && v != "bf16-pure" && v != "fp8")
                 throw ConfigError("precision = '" + v +
-                                  "' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\", \"bf16-pure\")");
+                                  "' is not supported (valid: \"fp32\", \"bf16\", \"bf16-sr\", \"bf16-pure\", \"fp8\")");
               c.pure_bf16 = v == "bf16-pure";
+              c.fp8 = v == "fp8";
               c.stochastic_rounding = v == "bf16-sr" || c.pure_bf16;
               c.precision = model::parse_precision(v == "fp32" || v == "f32" ? v : "bf16");
             },
             [](const RunConfig& c) { return quote(c.precision_label()); }},
+      LOOM_STRING("fp8.recipe", fp8_options.recipe,
+                  "precision = \"fp8\": \"delayed\" (per-tensor scales from an amax history), \"current\" (per-tensor "
+                  "scales from the tensor itself) or \"blockwise\" (1x128 activation and gradient blocks, 128x128 weight tiles)"),
+      LOOM_INT("fp8.amax_history", fp8_options.amax_history, 1, 1024, "delayed scaling: steps of amax history per tensor"),
+      LOOM_STRING("fp8.grad_format", fp8_options.grad_format,
+                  "fp8 format of the output gradients: \"e5m2\" (range) or \"e4m3\" (precision)"),
+      LOOM_INT("fp8.margin", fp8_options.margin, 0, 32, "delayed and current scaling: scales lowered by 2^margin"),
       LOOM_INT("train.seed", train.seed, 0, 9.2233720368547748e18, "seed of initialisation and data order"),
       LOOM_INT("train.steps", train.steps, 1, kMaxCount, "optimizer steps to run"),
       LOOM_INT("train.batch_size", train.batch_size, 1, kMaxWidth, "global batch in sequences per step"),
@@ -364,6 +373,10 @@ void RunConfig::validate() const {
   need(!checkpoint.dir.empty(), "checkpoint.dir must not be empty");
   need(checkpoint.format == "sharded" || checkpoint.format == "whole",
        "checkpoint.format = \"" + checkpoint.format + "\" is not a checkpoint format (\"sharded\" or \"whole\")");
+  need(fp8_options.recipe == "delayed" || fp8_options.recipe == "current" || fp8_options.recipe == "blockwise",
+       "fp8.recipe = \"" + fp8_options.recipe + "\" is not a recipe (valid: \"delayed\", \"current\", \"blockwise\")");
+  need(fp8_options.grad_format == "e5m2" || fp8_options.grad_format == "e4m3",
+       "fp8.grad_format = \"" + fp8_options.grad_format + "\" is not an fp8 format (valid: \"e5m2\", \"e4m3\")");
   // The whole format gathers f32 masters on rank 0; bf16-pure has none (its sharded files hold the
   // bf16 values widened to f32, exactly).
   need(!(pure_bf16 && checkpoint.format == "whole"),

@@ -99,6 +99,14 @@ void MetricsLog::write(const StepMetrics& s) {
     j["skip_reason"] = s.skip_reason;
   }
   if (s.skipped_steps > 0) j["skipped_steps"] = s.skipped_steps;
+  if (s.fp8) {
+    j["fp8_overflow"] = s.fp8_overflow;
+    j["fp8_underflow"] = s.fp8_underflow;
+    // Per tensor with any: [saturated, flushed to zero], e.g. "layers.3.up.output_grad": [0, 1234].
+    nlohmann::json per = nlohmann::json::object();
+    for (const auto& t : s.fp8_tensors) per[t.name] = {t.overflow, t.underflow};
+    j["fp8_tensors"] = per;
+  }
   if (s.exposed_comm_seconds > 0 || s.comm_cpu_seconds > 0) {
     j["exposed_comm_s"] = s.exposed_comm_seconds;
     j["comm_cpu_s"] = s.comm_cpu_seconds;

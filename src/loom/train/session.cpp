@@ -152,6 +152,11 @@ SessionSummary Session::run() {
                       ? std::string()
                       : " | recompute " + std::string(spec::recompute_name(cfg.train.recompute)),
                   cfg.train.batch_size, cfg.seq_len(), cfg.micro_batch()));
+  if (cfg.fp8)
+    say(fmt::format("fp8 ({} scaling, E4M3 activations and weights, {} gradients) is emulated: the blocks' "
+                    "linears quantise their inputs to fp8 values and run them through bf16 GEMMs -- fp8's numerics, "
+                    "not its speed",
+                    cfg.fp8_options.recipe, cfg.fp8_options.grad_format == "e4m3" ? "E4M3" : "E5M2"));
   const DType peak_type = cfg.precision == model::Precision::BF16 ? DType::BF16 : DType::F32;
   auto peak = kernels::device_peak_flops(peak_type, o.threads);
   id.peak_flops = peak.flops_per_s;

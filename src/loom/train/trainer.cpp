@@ -69,6 +69,14 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get(),
                                                  cfg_.train.recompute);
+  if (cfg_.fp8) {
+    const auto& o = cfg_.fp8_options;
+    fp8_ = std::make_unique<model::Fp8Recipe>(
+        model::Fp8Config{model::parse_fp8_scaling(o.recipe), o.amax_history,
+                         o.grad_format == "e4m3" ? Fp8Format::E4M3 : Fp8Format::E5M2, o.margin, 128},
+        L, alloc);
+    model_->set_fp8(fp8_.get());
+  }
   optimizer_ = std::make_unique<AdamW>(
       *params_, AdamWConfig{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay}, alloc,
       data_parallel_->optimizer_pieces());
@@ -167,11 +175,12 @@ StepMetrics Trainer::train_step(int64_t step) {
   } else {
     guard_.skipped(step, skip_reason);  // throws past train.max_consecutive_skips
   }
+  StepMetrics s;
+  end_fp8_step(s);
   // Seconds this thread waited on dp and tp collectives (communication nothing overlapped).
   const double exposed = dp.wait_seconds() - dp_wait0 + par_.tp_wait_seconds() - tp_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  StepMetrics s;
   if (pipeline_) {
     s.pipeline_idle = std::move(pipeline_idle);
     s.pipeline_bubble_theory = pipeline_->theoretical_bubble(static_cast<int>(n_micro));
@@ -425,6 +434,7 @@ size_t Trainer::on_demand_resident_bytes() const {
 }
 
 void Trainer::weights_changed() {
+  if (fp8_) fp8_->weights_changed();
   const auto held = weights_held();
   params_->refresh_lowp(held);
   data_parallel_->weights_changed();
@@ -450,6 +460,27 @@ void Trainer::check_pipeline_messages_fit() const {
       pp_->transport_name(), cfg_.precision == model::Precision::BF16 && !bf16_wire
                                  ? ", or parallel.pipeline.bf16_transfers = true"
                                  : ""));
+}
+
+void Trainer::end_fp8_step(StepMetrics& s) {
+  if (!fp8_) return;
+  fp8_->end_step([&](std::span<float> amax, std::span<double> counts) {
+    // Every group the model is split over: the same tensor's amax on every rank (delayed scaling then
+    // scales alike under any layout), and counts over everything quantised.
+    for (comm::ProcessGroup* g : {dp_, tp_, pp_}) {
+      if (!g) continue;
+      comm::issue_and_wait(backend_.tracer(), "fp8_amax_reduce", static_cast<double>(amax.size_bytes()), [&] {
+        return g->all_reduce(amax.data(), amax.data(), amax.size(), DType::F32, comm::ReduceOp::kMax);
+      });
+      comm::issue_and_wait(backend_.tracer(), "fp8_count_reduce", static_cast<double>(counts.size_bytes()), [&] {
+        return g->all_reduce(counts.data(), counts.data(), counts.size(), DType::F64, comm::ReduceOp::kSum);
+      });
+    }
+  });
+  s.fp8 = true;
+  s.fp8_overflow = fp8_->last_step_overflow();
+  s.fp8_underflow = fp8_->last_step_underflow();
+  s.fp8_tensors = fp8_->last_step_counts();
 }
 
 double Trainer::dp_sum(double v) const {

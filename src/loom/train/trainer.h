@@ -12,6 +12,7 @@
 #include "loom/kernels/backend.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/parallelize.h"
+#include "loom/model/fp8_recipe.h"
 #include "loom/model/transformer.h"
 #include "loom/train/adamw.h"
 #include "loom/train/bad_step_guard.h"
@@ -47,6 +48,11 @@ struct StepMetrics {
   // pipeline rank, and the schedule's theoretical bubble. Empty without pp.
   std::vector<double> pipeline_idle;
   double pipeline_bubble_theory = 0;
+  // precision = "fp8": elements that saturated (overflow) or became zero (underflow) when this step's
+  // GEMM inputs were quantised, summed over the ranks, in all and per tensor (those with any).
+  bool fp8 = false;
+  int64_t fp8_overflow = 0, fp8_underflow = 0;
+  std::vector<model::Fp8TensorCounts> fp8_tensors;
 };
 
 class Trainer {
@@ -104,6 +110,8 @@ class Trainer {
   const parallel::Parallelism& parallelism() const { return par_; }
 
   model::ParameterStore& params() { return *params_; }
+  // precision = "fp8": the scaling state (nullptr otherwise).
+  model::Fp8Recipe* fp8() const { return fp8_.get(); }
   model::Transformer& model() { return *model_; }
   const RunConfig& config() const { return cfg_; }
   double model_flops_per_token() const { return flops_per_token_; }
@@ -129,6 +137,9 @@ class Trainer {
 
   // Sums a value over the dp / tp group (identity alone).
   double dp_sum(double v) const;
+  // fp8: the step's amaxes (max) and overflow / underflow counts (sum) over every rank, into the
+  // histories and `s`.
+  void end_fp8_step(StepMetrics& s);
   double tp_sum(double v) const;
   double pp_sum(double v) const;
   // The global gradient norm: every element counted once across the tp shards (and, under ZeRO, the dp
@@ -150,6 +161,7 @@ class Trainer {
   double peak_flops_;
   double flops_per_token_;
   std::unique_ptr<model::ParameterStore> params_;
+  std::unique_ptr<model::Fp8Recipe> fp8_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<parallel::DataParallel> data_parallel_;  // DDP, ZeRO-1/2/3, or nothing alone
   std::unique_ptr<StepHooks> hooks_;                       // the model's unit hooks, handed to it
