@@ -1,12 +1,17 @@
 // Helpers shared by the test binaries: the run's random seed (fresh each run, replayable with
-// LOOM_TEST_SEED=<n>) and a scope that sets the OpenMP thread count (kernel partitions depend on it).
+// LOOM_TEST_SEED=<n>), a scope that sets the OpenMP thread count (kernel partitions depend on it), and
+// the message of the ConfigError a call throws.
 #pragma once
 
 #include <omp.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <random>
+#include <string>
+
+#include "loom/error.h"
 
 namespace loom::test {
 
@@ -28,5 +33,15 @@ class ScopedThreads {
  private:
   int saved_;
 };
+
+// What the ConfigError `f` throws says; "" when it throws none.
+inline std::string config_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace loom::test

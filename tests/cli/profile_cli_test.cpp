@@ -56,7 +56,8 @@ TEST(ProfileCli, ThePlannersPredictionStandsBesideTheMeasurement) {
   ASSERT_EQ(r.rc, 0) << r.err;
   r = run_loom("profile report " + out + " --bandwidth 1e10");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("planner (--engine loom) for layout"));
+  EXPECT_THAT(r.out, HasSubstr("planner (software loom (flash attention, DP overlapped"));
+  EXPECT_THAT(r.out, HasSubstr(") for layout"));
   EXPECT_THAT(r.out, HasSubstr("the report's roofline"));
   EXPECT_THAT(r.out, HasSubstr("memory-bound kernels"));
   EXPECT_THAT(r.out, HasSubstr("worst error over the classes that count"));

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "loom/error.h"
 #include "loom/plan/engine_memory.h"
 #include "loom/plan/search.h"
@@ -29,14 +30,7 @@ Job job(const std::string& model, const std::string& cluster, int64_t seq, int64
   return j;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::function<void()>& f) { return loom::test::config_error_of(f); }
 
 }  // namespace
 

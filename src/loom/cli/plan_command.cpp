@@ -13,6 +13,7 @@
 #include "loom/error.h"
 #include "loom/plan/hf_config.h"
 #include "loom/plan/search.h"
+#include "loom/plan/software_profile.h"
 #include "loom/plan/validation.h"
 #include "loom/spec/pipeline_stages.h"
 #include "loom/train/run_config.h"
@@ -22,7 +23,7 @@ namespace loom::cli {
 namespace {
 
 struct PlanOptions {
-  std::string model, cluster, precision = "bf16", validate, engine = "megatron", pipeline_layers;
+  std::string model, cluster, precision = "bf16", validate, engine, software, pipeline_layers;
   double moe_imbalance = 1.0;
   int64_t seq = 0, global_batch = 0;
   std::vector<std::string> fix;
@@ -90,7 +91,7 @@ int run_validate(const PlanOptions& o) {
   if (o.json) {
     nlohmann::json rows = nlohmann::json::array();
     for (auto& l : rep.lines)
-      rows.push_back({{"row", l.row}, {"metric", l.metric}, {"layout", l.layout}, {"published", l.published},
+      rows.push_back({{"row", l.row}, {"software", l.software}, {"metric", l.metric}, {"layout", l.layout}, {"published", l.published},
                       {"predicted", l.predicted}, {"error", l.error()}, {"constant", l.constant}});
     fmt::print("{}\n", nlohmann::json{{"rows", rows}, {"throughput_mean_error", rep.throughput_mean},
                                       {"throughput_worst_error", rep.throughput_worst},
@@ -105,12 +106,12 @@ int run_validate(const PlanOptions& o) {
                                 .dump(2));
     return 0;
   }
-  fmt::print("{:<17} {:<34} {:<26} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "row", "metric", "layout (planner)", "published",
-             "predicted", "error", "constant", "error");
+  fmt::print("{:<17} {:<14} {:<34} {:<26} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "row", "software", "metric",
+             "layout (planner)", "published", "predicted", "error", "constant", "error");
   for (auto& l : rep.lines) {
     std::string cst = l.throughput ? fmt::format("{:>10.3g} {:>6.1f}%", l.constant, 100 * l.constant_error()) : "";
-    fmt::print("{:<17} {:<34} {:<26} {:>10.4g} {:>10.4g} {:>6.1f}% {}\n", l.row, l.metric, l.layout, l.published,
-               l.predicted, 100 * l.error(), cst);
+    fmt::print("{:<17} {:<14} {:<34} {:<26} {:>10.4g} {:>10.4g} {:>6.1f}% {}\n", l.row, l.software, l.metric, l.layout,
+               l.published, l.predicted, 100 * l.error(), cst);
   }
   fmt::print("\nthroughput rows: mean error {:.1f}%, worst {:.1f}% (goal <= 10% / 20%)\n", 100 * rep.throughput_mean,
              100 * rep.throughput_worst);
@@ -151,19 +152,24 @@ int run_plan(const PlanOptions& o) {
   job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
   // bf16-pure computes as bf16 and holds its state in bf16 alone (no fp32 master).
   job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision == "bf16-pure" ? "bf16" : o.precision;
+  // --engine NAME is the older spelling of --software NAME.
+  if (!o.engine.empty() && !o.software.empty() && o.engine != o.software)
+    throw ConfigError("--engine " + o.engine + " and --software " + o.software + " disagree: give one (--engine is --software)");
+  job.software = plan::software_profile(!o.software.empty() ? o.software : !o.engine.empty() ? o.engine : "megatron");
   job.software.bf16_weights_only = o.precision == "bf16-pure";
-  job.software.loom_engine = o.engine == "loom";
   job.software.moe_imbalance = o.moe_imbalance;
-  job.software.tp_overlap = o.tp_overlap;
+  if (o.tp_overlap) job.software.tp_overlap = true;
   job.software.pipeline_layers = spec::parse_layer_counts(o.pipeline_layers, "--pipeline-layers");
   if (job.software.loom_engine && job.precision != "bf16")
-    throw ConfigError("--engine loom plans bf16 training (Loom's engine has no fp8 GEMMs); drop --precision " + o.precision);
+    throw ConfigError("--software loom plans bf16 training (Loom's fp8 is an emulation of the numerics, not fp8 GEMMs); "
+                      "drop --precision " + o.precision);
   plan::Fixed fixed;
   for (auto& f : o.fix) plan::apply_fix(fixed, f);
   auto r = plan::search(job, fixed, o.top);
   if (o.json) {
     nlohmann::json out{{"model", o.model}, {"cluster", job.cluster.hw.name}, {"devices", job.cluster.devices},
                        {"seq", o.seq}, {"global_batch", o.global_batch}, {"precision", o.precision}, {"tp_overlap", o.tp_overlap},
+                       {"software", job.software.profile}, {"software_assumptions", plan::describe(job.software)},
                        {"evaluated", r.evaluated}, {"feasible", r.feasible}};
     for (auto& [reason, n] : r.rejected) out["rejected"][std::string(plan::reject_name(reason))] = n;
     out["warnings"] = r.warnings;
@@ -185,6 +191,7 @@ int run_plan(const PlanOptions& o) {
   fmt::print("{} ({:.2f} B parameters) on {} x {} ({} per node), seq {}, global batch {}, {}\n", o.model,
              params.total * 1e-9, job.cluster.devices, job.cluster.hw.device.name, job.cluster.hw.devices_per_node, o.seq,
              o.global_batch, o.precision);
+  fmt::print("software {}\n", plan::describe(job.software));
   for (const auto& w : r.warnings) fmt::print("warning: {}\n", w);
   fmt::print("{} layouts evaluated, {} feasible", r.evaluated, r.feasible);
   for (auto& [reason, n] : r.rejected) fmt::print("; {} {} (e.g. {})", n, plan::reject_name(reason), r.example[reason]);
@@ -243,9 +250,12 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_option("--pipeline-layers", o->pipeline_layers,
                   "blocks per pipeline chunk, e.g. \"7,8,8,...,7\" (first and last stages trimmed, as real runs cut "
                   "126 layers on 16 stages); only layouts with that many chunks are searched");
-  cmd->add_option("--engine", o->engine,
-                  "whose memory conventions: megatron (default; what the published rows ran) or loom (Loom's own "
-                  "engine, exact to its measured peaks; only the layouts it runs: dp x ZeRO)")
+  cmd->add_option("--software", o->software,
+                  "the training stack's assumptions, printed with every prediction: megatron (default: Megatron-Core "
+                  "today), megatron-2021 (the published rows' Megatron-LM), deepspeed, neuron (NeuronX Distributed), "
+                  "loom (Loom's own engine: its memory, exact to its measured peaks, and only the layouts it runs), or "
+                  "FILE.toml with a [software] table (docs/planner.md)");
+  cmd->add_option("--engine", o->engine, "the older spelling of --software: megatron or loom")
       ->check(CLI::IsMember({"megatron", "loom"}));
   cmd->add_option("--moe-imbalance", o->moe_imbalance,
                   "MoE: the busiest expert-parallel rank's routed tokens over the mean (default 1: uniform routing)")

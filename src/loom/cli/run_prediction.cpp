@@ -7,6 +7,7 @@
 #include "loom/error.h"
 #include "loom/plan/engine_memory.h"
 #include "loom/plan/layout.h"
+#include "loom/plan/software_profile.h"
 #include "loom/spec/pipeline_schedule.h"
 #include "loom/spec/pipeline_stages.h"
 
@@ -108,10 +109,12 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
   job.seq = cfg.seq_len();
   job.global_batch = cfg.train.batch_size;
   job.precision = cfg.precision == model::Precision::BF16 ? "bf16" : "f32";
-  job.software.loom_engine = true;
+  job.software = plan::software_profile("loom");
   job.software.bf16_weights_only = cfg.pure_bf16;
   job.software.dp_overlap = cfg.parallel.bucket_kb > 0;  // buckets reduce while backward runs
   job.software.tp_overlap = cfg.parallel.tp_overlap;  // the time model hides TP collectives only under SP
+  job.software.recompute = cfg.train.recompute;       // the run's own policy
+  out.software = plan::describe(job.software);
   if (!cfg.parallel.pipeline_layers.empty())
     job.software.pipeline_layers = spec::parse_layer_counts(cfg.parallel.pipeline_layers, "parallel.pipeline.layers");
   const plan::Layout l = layout_of(cfg);
@@ -139,7 +142,7 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
 }
 
 std::string format_run_prediction(const RunPrediction& p) {
-  std::string out = fmt::format("\nplanner (--engine loom) for layout {} on {}", p.layout, p.hardware);
+  std::string out = fmt::format("\nplanner (software {}) for layout {} on {}", p.software, p.layout, p.hardware);
   out += p.priced_stage >= 0 ? fmt::format("; measured on the stage it prices, the slowest ({}):\n", p.priced_stage)
                              : std::string(":\n");
   if (!p.refused.empty()) return out + "  no prediction: " + p.refused + "\n";
@@ -147,7 +150,7 @@ std::string format_run_prediction(const RunPrediction& p) {
 }
 
 nlohmann::json run_prediction_json(const RunPrediction& p) {
-  nlohmann::json j{{"layout", p.layout}, {"hardware", p.hardware}};
+  nlohmann::json j{{"layout", p.layout}, {"hardware", p.hardware}, {"software", p.software}};
   if (p.priced_stage >= 0) j["priced_stage"] = p.priced_stage;
   if (!p.refused.empty()) {
     j["refused"] = p.refused;

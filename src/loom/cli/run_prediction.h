@@ -18,6 +18,7 @@ namespace loom::cli {
 struct RunPrediction {
   std::string layout;    // the planner's name for the run's layout ("dp2 tp1 pp1 mb4 z1")
   std::string hardware;  // where the device figures came from
+  std::string software;  // the software profile priced (plan::describe: "loom (...)" with the run's overlaps)
   std::string refused;   // non-empty: the planner cannot price this run (why); `check` is then empty
   int priced_stage = -1;  // under pp: the pipeline stage the planner priced (its slowest), measured on its ranks
   plan::PredictionCheck check;

@@ -99,6 +99,15 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (l.sp && l.tp == 1) return div("sequence parallelism needs tp > 1");
   if (l.sp && (j.seq / l.cp) % l.tp) return div("sequence parallelism needs seq/cp divisible by tp");
   if (l.zero < 0 || l.zero > 3) return div("ZeRO stage must be 0..3");
+  // What the software profile runs: no SP in a stack without it, and its one recompute policy.
+  if (l.sp && !j.software.sequence_parallel)
+    return {Reject::Engine, fmt::format("the software profile {} has no sequence parallelism", j.software.profile)};
+  if (l.zero > j.software.max_zero)
+    return {Reject::Engine, fmt::format("the software profile {} shards to ZeRO-{} at most", j.software.profile,
+                                        j.software.max_zero)};
+  if (j.software.recompute && l.recompute != *j.software.recompute)
+    return {Reject::Engine, fmt::format("the software profile {} runs recompute = {}", j.software.profile,
+                                        recompute_name(*j.software.recompute))};
   if (j.software.loom_engine && (l.cp > 1 || l.ep > 1))
     return {Reject::Engine,
             "Loom's engine runs data, tensor and pipeline parallelism (dp x ZeRO x tp, sp x pp) only: cp and ep wait "

@@ -32,14 +32,23 @@ struct Layout {
   std::string str() const;  // "dp4 tp8 pp2 v3 mb1 z1 sel sp"
 };
 
-// The software being modelled: what overlaps with what, which attention kernel. Loom's defaults are
-// a modern stack; validation rows describe Megatron-LM as it ran in 2021-22 (docs/planner.md).
+// The software being modelled: what overlaps with what, which attention kernel. The defaults are
+// Megatron-Core's today; named profiles (plan/software_profile.h: megatron, megatron-2021, deepspeed,
+// neuron, loom, or a TOML) fix every field, and each prediction prints the profile it used.
 struct Software {
+  std::string profile = "megatron";  // the profile's name, printed with every prediction
   bool flash_attention = true;  // false: the T x T scores are written to memory (Megatron 2021-22)
   bool dropout = false;         // dropout after attention and MLP (masks stored, bytes moved)
   bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
   double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
+  bool sequence_parallel = true;  // the search may turn SP on with tp (false: the software has no SP)
+  int max_zero = 3;               // the highest ZeRO stage the software shards to (0: plain DDP)
+  // Activation recompute: the search picks (unset), or the software always runs this policy.
+  std::optional<Recompute> recompute;
+  // fp8 runs: "delayed" or "blockwise" scaling (amaxes kept or taken per block in the cast pass) or
+  // "current" (a separate amax pass: each quantised input is read once more).
+  std::string fp8_recipe = "delayed";
   // MoE routing imbalance: the busiest expert-parallel rank's routed tokens over the mean (1: uniform).
   // Every rank waits for the busiest in the all-to-alls, so expert GEMMs, their activations and the
   // dispatch traffic are sized by it.

@@ -107,7 +107,9 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
   // With flash attention (Megatron's selective recompute drops the T x T scores, which flash attention
   // never stores) selective is the same layout as none, so it is only listed when asked for; Loom's
   // engine's selective drops the attention core's output instead, a layout of its own.
-  const std::vector<Recompute> policies = j.software.flash_attention && !j.software.loom_engine
+  // A profile that runs one policy is searched at it alone.
+  const std::vector<Recompute> policies = j.software.recompute ? std::vector<Recompute>{*j.software.recompute}
+                                          : j.software.flash_attention && !j.software.loom_engine
                                               ? std::vector<Recompute>{Recompute::None, Recompute::Full}
                                               : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
   // TP stays inside a node (its collectives run every layer); pipeline and context degrees are
@@ -130,8 +132,10 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
                                                                                            Schedule::ZeroBubble}
                                                                    : std::vector<Schedule>{Schedule::OneFOneB}))
                 for (int zero : pick(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
+                  if (zero <= j.software.max_zero || f.zero)  // a --fix beyond the profile is refused, saying why
                   for (Recompute rc : pick(f.recompute, policies))
-                    for (bool sp : pick(f.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+                    for (bool sp : pick(f.sp, tp > 1 && j.software.sequence_parallel ? std::vector<bool>{false, true}
+                                                                                       : std::vector<bool>{false}))
                       consider(Layout{dp, tp, pp, cp, ep, vpp, mb, zero, sp, rc, sch});
       }
   r.feasible = static_cast<int64_t>(ok.size());

@@ -72,11 +72,14 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   // 16-bit.
   const bool fp8 = j.precision == "fp8";
   const double peak16 = fp8 ? hw.peak("bf16") : peak;
+  // Current scaling reads each quantised input once more for its amax first (delayed scaling takes
+  // it from the history, blockwise in the cast pass itself).
+  const double cast_bytes = sw.fp8_recipe == "current" ? 6 : 4;
   auto linear = [&](GemmShape g) {
     lc.flops += 2 * g.M * g.N * g.K * g.count;
     if (!fp8) return gemm_time(g, hw, peak, act);
-    lc.cast_fwd += 4 * g.count * g.M * g.K / bw;
-    lc.cast_bwd += 4 * g.count * g.M * g.N / bw;
+    lc.cast_fwd += cast_bytes * g.count * g.M * g.K / bw;
+    lc.cast_bwd += cast_bytes * g.count * g.M * g.N / bw;
     lc.fp8_weights += g.count * g.K * g.N;
     return gemm_time(g, hw, peak, 1);
   };

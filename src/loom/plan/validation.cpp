@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 
 #include "loom/error.h"
+#include "loom/plan/software_profile.h"
 #include "loom/plan/memory_model.h"
 #include "loom/plan/search.h"
 
@@ -229,15 +230,22 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
     }
     r.job.seq = in.integer("seq", kMaxCount);
     r.job.global_batch = in.integer("global_batch", kMaxCount);
-    if (in.string("software", "loom") == "megatron") {
-      // Megatron-LM 2021-22: materialised attention scores, dropout, no TP overlap. Its "local" DDP
-      // all-reduces the fp32 gradient buffer after the last micro-batch (not overlapped); `ddp = "torch"`
-      // (PyTorch DDP, SC21's pp = 1 runs) reduces the 16-bit gradients in buckets during backward.
-      r.job.software = {.flash_attention = false, .dropout = true, .dp_overlap = false, .tp_overlap = false, .grad_bytes = 4};
+    // The row's software profile (plan/software_profile.h); rows of the 2021-22 papers run
+    // "megatron-2021": materialised attention scores, dropout, no TP overlap, and its "local" DDP
+    // all-reducing the fp32 gradient buffer after the last micro-batch (not overlapped). `ddp = "torch"`
+    // (PyTorch DDP, SC21's pp = 1 runs) reduces the 16-bit gradients in buckets during backward.
+    try {
+      r.job.software = software_profile(in.string("software", "megatron"));
+    } catch (const ConfigError& e) {
+      in.fail("software", std::string(": ") + e.what());
+    }
+    if (t->contains("ddp")) {
       const std::string ddp = in.string("ddp", "local");
       if (ddp == "torch")
         r.job.software.dp_overlap = true, r.job.software.grad_bytes = 2;
-      else if (ddp != "local")
+      else if (ddp == "local")
+        r.job.software.dp_overlap = false, r.job.software.grad_bytes = 4;
+      else
         in.fail("ddp", "= \"" + ddp + "\" is not \"local\" or \"torch\"");
     }
     r.tp = static_cast<int>(in.integer("tp", kMaxCount));
@@ -317,6 +325,10 @@ ValidationReport validate(const std::vector<ValidationRow>& parsed) {
   rep.gemm_scale_fitted = scales[mfit.best];
   rep.gemm_fitted_mean = mfit.mean;
   rep.gemm_loo_mean = mfit.loo_mean;
+  // Every line names the software profile its row was predicted under.
+  for (auto& line : rep.lines)
+    for (const auto& r : parsed)
+      if (r.name == line.row) line.software = r.job.software.profile;
   return rep;
 }
 

@@ -32,6 +32,7 @@ struct ValidationLine {
   double published = 0, predicted = 0;
   double constant = 0;  // the constant-utilisation predictor's value (throughput metrics only)
   bool throughput = false;  // counts toward the throughput error statistics
+  std::string software;     // the row's software profile (plan/software_profile.h)
   double error() const;     // relative error, in throughput terms for time rows
   double constant_error() const;
 };

@@ -1,0 +1,124 @@
+#include "loom/plan/software_profile.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/error.h"
+
+namespace loom::plan {
+
+namespace {
+
+Software named(const std::string& name) {
+  Software s;  // Megatron-Core's defaults
+  s.profile = name;
+  if (name == "megatron") return s;
+  if (name == "megatron-2021") {  // before the distributed optimizer (2022)
+    s.flash_attention = false, s.dropout = true, s.dp_overlap = false, s.max_zero = 0;
+    return s;
+  }
+  if (name == "deepspeed") {
+    s.sequence_parallel = false, s.grad_bytes = 2;
+    return s;
+  }
+  if (name == "neuron") {  // NeuronX Distributed's ZeRO-1 optimizer; no ZeRO-2/3
+    s.max_zero = 1;
+    return s;
+  }
+  if (name == "loom") {
+    s.loom_engine = true;
+    return s;
+  }
+  std::string valid;
+  for (const auto& n : software_profile_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw ConfigError("software profile '" + name + "' is not known (valid: " + valid + ", or a .toml file with a [software] table)");
+}
+
+}  // namespace
+
+std::vector<std::string> software_profile_names() { return {"megatron", "megatron-2021", "deepspeed", "neuron", "loom"}; }
+
+Software parse_software_profile(const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}: line {}: {}", origin, e.source().begin.line, e.description()));
+  }
+  const toml::table* t = root["software"].as_table();
+  if (!t) throw ConfigError(origin + ": a software profile needs a [software] table");
+  auto fail = [&](const std::string& key, const std::string& why) -> void {
+    throw ConfigError(origin + ": software." + key + " " + why);
+  };
+  auto string = [&](const char* key, const std::string& fallback) {
+    const toml::node* n = t->get(key);
+    if (!n) return fallback;
+    if (!n->is_string()) fail(key, "must be a string");
+    return n->as_string()->get();
+  };
+  Software s = named(string("base", "megatron"));
+  s.profile = string("name", std::filesystem::path(origin).stem().string());
+  auto flag = [&](const char* key, bool& out) {
+    if (const toml::node* n = t->get(key)) {
+      if (!n->is_boolean()) fail(key, "must be true or false");
+      out = n->as_boolean()->get();
+    }
+  };
+  flag("flash_attention", s.flash_attention);
+  flag("dropout", s.dropout);
+  flag("dp_overlap", s.dp_overlap);
+  flag("tp_overlap", s.tp_overlap);
+  flag("sequence_parallel", s.sequence_parallel);
+  if (const toml::node* n = t->get("max_zero")) {
+    const auto v = n->value<int64_t>();
+    if (!v || *v < 0 || *v > 3) fail("max_zero", "must be 0, 1, 2 or 3 (the highest ZeRO stage the software runs)");
+    s.max_zero = static_cast<int>(*v);
+  }
+  if (const toml::node* n = t->get("grad_bytes")) {
+    const auto v = n->value<double>();
+    if (!v || (*v != 2 && *v != 4)) fail("grad_bytes", "must be 2 (16-bit gradient reduction) or 4 (fp32)");
+    s.grad_bytes = *v;
+  }
+  const std::string recompute = string("recompute", s.recompute ? std::string(recompute_name(*s.recompute)) : "search");
+  if (recompute == "search")
+    s.recompute.reset();
+  else if (recompute == "none" || recompute == "selective" || recompute == "full")
+    s.recompute = spec::parse_recompute(recompute);
+  else
+    fail("recompute", "= \"" + recompute + "\" is not \"search\", \"none\", \"selective\" or \"full\"");
+  s.fp8_recipe = string("fp8_recipe", s.fp8_recipe);
+  if (s.fp8_recipe != "delayed" && s.fp8_recipe != "current" && s.fp8_recipe != "blockwise")
+    fail("fp8_recipe", "= \"" + s.fp8_recipe + "\" is not \"delayed\", \"current\" or \"blockwise\"");
+  for (const auto& [key, value] : *t) {
+    static const char* const known[] = {"base", "name", "flash_attention", "dropout", "dp_overlap", "tp_overlap",
+                                        "sequence_parallel", "max_zero", "grad_bytes", "recompute", "fp8_recipe"};
+    if (std::find(std::begin(known), std::end(known), key.str()) == std::end(known))
+      fail(std::string(key.str()), "is not a software profile key");
+  }
+  return s;
+}
+
+Software software_profile(const std::string& name_or_file) {
+  if (!name_or_file.ends_with(".toml")) return named(name_or_file);
+  std::ifstream in(name_or_file);
+  if (!in) throw ConfigError("software profile file '" + name_or_file + "' cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_software_profile(text.str(), name_or_file);
+}
+
+std::string describe(const Software& s) {
+  return fmt::format("{} ({} attention{}, DP {}, TP {}, SP {}, ZeRO up to {}, recompute {}, gradients reduced in {} bytes, "
+                     "fp8 {}{})",
+                     s.profile, s.flash_attention ? "flash" : "materialised", s.dropout ? " with dropout" : "",
+                     s.dp_overlap ? "overlapped" : "exposed", s.tp_overlap ? "overlapped (with SP)" : "exposed",
+                     s.sequence_parallel ? "searched" : "never", s.max_zero,
+                     s.recompute ? std::string(recompute_name(*s.recompute)) : "searched", s.grad_bytes, s.fp8_recipe,
+                     s.loom_engine ? ", Loom's engine memory" : "");
+}
+
+}  // namespace loom::plan
