@@ -3,10 +3,9 @@
 // One pass over param, m, v, grad (and the bf16 copy): 16-18 bytes of traffic per parameter, where
 // separate scale / moment / update / cast passes would move it several times. Purely element-wise, so
 // threads take static contiguous chunks; the bias corrections are scalars computed once per call.
-#include <array>
+#include <algorithm>
 #include <cmath>
 
-#include "loom/core/philox.h"
 
 #include "loom/kernels/detail/elementwise_simd.h"
 #include "loom/kernels/elementwise.h"
@@ -51,34 +50,75 @@ void adamw_range(float* __restrict param, float* __restrict m, float* __restrict
     adamw_loop<false>(param, m, v, out16, grad, i0, i1, k);
 }
 
+// Philox-4x32-10 (core/philox.h) for kLanes consecutive counters at once, lanes as arrays so that the
+// rounds vectorise (32x32->64-bit multiplies): what Philox::block gives counter `first + l`, word w,
+// lands in words[w][l].
+constexpr int kLanes = 16;
+LOOM_TARGET_CLONES
+void philox_lanes(uint64_t seed, uint64_t stream, uint64_t first, uint32_t (&words)[4][kLanes]) {
+  uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    const uint64_t index = first + static_cast<uint64_t>(l);
+    c0[l] = static_cast<uint32_t>(index), c1[l] = static_cast<uint32_t>(index >> 32);
+    c2[l] = static_cast<uint32_t>(stream), c3[l] = static_cast<uint32_t>(stream >> 32);
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) {
+      const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0[l];
+      const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2[l];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
+      c1[l] = static_cast<uint32_t>(p1), c3[l] = static_cast<uint32_t>(p0);
+      c0[l] = n0, c2[l] = n2;
+    }
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  for (int l = 0; l < kLanes; ++l) words[0][l] = c0[l], words[1][l] = c1[l], words[2][l] = c2[l], words[3][l] = c3[l];
+}
+
 // bf16 state, stochastic rounding: Philox blocks are drawn per 8 global elements and stream, as
-// cast_f32_to_bf16_stochastic draws them, so a run cut anywhere rounds each element alike.
+// cast_f32_to_bf16_stochastic draws them, so a run cut anywhere rounds each element alike. They are
+// drawn 16 blocks (128 elements) at a time per stream, vectorised.
 void adamw_bf16_range(bf16* __restrict param, bf16* __restrict m, bf16* __restrict v, const float* __restrict grad,
                       int64_t i0, int64_t i1, const AdamScalars& k, const StochasticRounding* sr) {
   const float one_minus_b1 = 1.0f - k.beta1;
   const float one_minus_b2 = 1.0f - k.beta2;
-  std::array<uint32_t, 4> bp{}, bm{}, bv{};
-  for (int64_t i = i0; i < i1; ++i) {
+  auto update = [&](int64_t i, float& p, float& mi, float& vi) {
     const float g = grad[i] * k.grad_scale;
     const float p0 = bf16_to_f32(param[i]);
-    const float mi = k.beta1 * bf16_to_f32(m[i]) + one_minus_b1 * g;
-    const float vi = k.beta2 * bf16_to_f32(v[i]) + one_minus_b2 * g * g;
-    const float p = p0 - k.lr * ((mi / k.bias_correction1) / (std::sqrt(vi / k.bias_correction2) + k.eps) + k.weight_decay * p0);
-    if (!sr) {
+    mi = k.beta1 * bf16_to_f32(m[i]) + one_minus_b1 * g;
+    vi = k.beta2 * bf16_to_f32(v[i]) + one_minus_b2 * g * g;
+    p = p0 - k.lr * ((mi / k.bias_correction1) / (std::sqrt(vi / k.bias_correction2) + k.eps) + k.weight_decay * p0);
+  };
+  if (!sr) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float p, mi, vi;
+      update(i, p, mi, vi);
       param[i] = f32_to_bf16(p), m[i] = f32_to_bf16(mi), v[i] = f32_to_bf16(vi);
-      continue;
     }
-    const auto gi = static_cast<uint64_t>(sr->first + i);
-    if (i == i0 || gi % 8 == 0) {
-      bp = Philox::block(sr->key, sr->stream, gi / 8);
-      bm = Philox::block(sr->key, sr->stream ^ kMomentStream1, gi / 8);
-      bv = Philox::block(sr->key, sr->stream ^ kMomentStream2, gi / 8);
+    return;
+  }
+  uint32_t wp[4][kLanes], wm[4][kLanes], wv[4][kLanes];
+  for (int64_t i = i0; i < i1;) {
+    // One chunk: the elements whose blocks are the 16 from the block of element i on.
+    const uint64_t base = static_cast<uint64_t>(sr->first + i) / 8;
+    philox_lanes(sr->key, sr->stream, base, wp);
+    philox_lanes(sr->key, sr->stream ^ kMomentStream1, base, wm);
+    philox_lanes(sr->key, sr->stream ^ kMomentStream2, base, wv);
+    const int64_t end = std::min(i1, static_cast<int64_t>((base + kLanes) * 8) - sr->first);
+    for (; i < end; ++i) {
+      float p, mi, vi;
+      update(i, p, mi, vi);
+      const auto gi = static_cast<uint64_t>(sr->first + i);
+      const auto lane = static_cast<int>(gi / 8 - base);
+      const uint32_t slot = static_cast<uint32_t>(gi % 8), word = slot / 2, shift = 16 * (slot % 2);
+      param[i] = f32_to_bf16_stochastic(p, wp[word][lane] >> shift);
+      m[i] = f32_to_bf16_stochastic(mi, wm[word][lane] >> shift);
+      // v >= 0 always: rounding up from the largest finite value is the only way to reach infinity.
+      v[i] = f32_to_bf16_stochastic(vi, wv[word][lane] >> shift);
     }
-    const uint32_t lane = static_cast<uint32_t>(gi % 8), word = lane / 2, shift = 16 * (lane % 2);
-    param[i] = f32_to_bf16_stochastic(p, bp[word] >> shift);
-    m[i] = f32_to_bf16_stochastic(mi, bm[word] >> shift);
-    // v >= 0 always: rounding up from the largest finite value is the only way to reach infinity.
-    v[i] = f32_to_bf16_stochastic(vi, bv[word] >> shift);
   }
 }
 
