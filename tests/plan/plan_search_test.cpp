@@ -197,7 +197,7 @@ TEST(PlanCli, PrintsJsonForAJobAndOneLineErrors) {
 // memory.
 TEST(Search, TheLoomEngineProfileSearchesOnlyWhatTheEngineRuns) {
   Job j = job("mini", "h100:4", 256, 64);
-  j.software.loom_engine = true;
+  j.software.loom_engine = true, j.software.zero_bubble = true;
   auto r = search(j, {}, 1000);
   ASSERT_FALSE(r.ranked.empty());
   EXPECT_GT(r.rejected[Reject::Engine], 0);

@@ -3,6 +3,8 @@
 // every prediction prints it, and validation rows name theirs.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "../cli/cli_runner.h"
@@ -65,7 +67,7 @@ fp8_recipe = "current"
             "p.toml: software.recompute = \"some\" is not \"search\", \"none\", \"selective\" or \"full\"");
   EXPECT_EQ(err("[software]\ndp_overlap = 1\n"), "p.toml: software.dp_overlap must be true or false");
   EXPECT_EQ(err("name = \"x\"\n"), "p.toml: a software profile needs a [software] table");
-  EXPECT_NE(err("[software]\nbase = \"nemo\"\n").find("software profile 'nemo' is not known"), std::string::npos);
+  EXPECT_NE(err("[software]\nbase = \"titan\"\n").find("software profile 'titan' is not known"), std::string::npos);
 }
 
 TEST(SoftwareProfile, TheSearchRunsOnlyWhatTheProfileRuns) {
@@ -83,6 +85,35 @@ TEST(SoftwareProfile, TheSearchRunsOnlyWhatTheProfileRuns) {
   zero3.zero = 3;
   const std::string why = error_of([&] { search(job("neuron"), zero3, 5); });
   EXPECT_NE(why.find("the software profile neuron shards to ZeRO-1 at most"), std::string::npos) << why;
+}
+
+TEST(SoftwareProfile, OnlyAStackWithAZeroBubbleScheduleIsPlannedWithOne) {
+  auto schedules = [](const Job& j) {
+    Fixed f;
+    f.pp = 4;
+    std::set<Schedule> out;
+    for (const auto& c : search(j, f, 100000).ranked) out.insert(c.layout.schedule);
+    return out;
+  };
+  EXPECT_FALSE(schedules(job("megatron")).count(Schedule::ZeroBubble));
+  EXPECT_FALSE(schedules(job("neuron")).count(Schedule::ZeroBubble));
+  EXPECT_TRUE(software_profile("loom").zero_bubble);
+  Job zb = job("megatron");
+  zb.software.zero_bubble = true;
+  EXPECT_TRUE(schedules(zb).count(Schedule::ZeroBubble));
+  Fixed f;
+  f.pp = 4, f.schedule = Schedule::ZeroBubble;
+  const std::string why = error_of([&] { search(job("nemo"), f, 5); });
+  EXPECT_NE(why.find("the software profile nemo has no zero-bubble schedule"), std::string::npos) << why;
+}
+
+TEST(SoftwareProfile, GradientsAreHeldInTheDtypeTheyAreReducedIn) {
+  // NeMo reduces (and so buffers) gradients in bf16: half of Megatron's fp32 main_grad.
+  Fixed f;
+  f.dp = 16, f.tp = 1, f.pp = 1, f.cp = 1, f.micro_batch = 1, f.zero = 1, f.recompute = Recompute::Full;
+  const auto megatron = search(job("megatron"), f, 1).ranked.at(0), nemo = search(job("nemo"), f, 1).ranked.at(0);
+  EXPECT_DOUBLE_EQ(nemo.memory.grads * 2, megatron.memory.grads);
+  EXPECT_EQ(software_profile("nemo").max_zero, 1);
 }
 
 TEST(SoftwareProfile, CurrentFp8ScalingCostsAnAmaxPassMoreThanDelayed) {

@@ -23,7 +23,8 @@ namespace loom::cli {
 namespace {
 
 struct PlanOptions {
-  std::string model, cluster, precision = "bf16", validate, engine, software, pipeline_layers;
+  std::string model, cluster, precision = "bf16", engine, software, pipeline_layers;
+  std::vector<std::string> validate;
   double moe_imbalance = 1.0;
   int64_t seq = 0, global_batch = 0;
   std::vector<std::string> fix;
@@ -87,13 +88,24 @@ void explain(const plan::Candidate& c, const plan::Job& j) {
 }
 
 int run_validate(const PlanOptions& o) {
-  auto rep = plan::validate_file(o.validate, hardware_dirs());
+  auto rep = plan::validate_files(o.validate, hardware_dirs());
   if (o.json) {
     nlohmann::json rows = nlohmann::json::array();
     for (auto& l : rep.lines)
-      rows.push_back({{"row", l.row}, {"software", l.software}, {"metric", l.metric}, {"layout", l.layout}, {"published", l.published},
-                      {"predicted", l.predicted}, {"error", l.error()}, {"constant", l.constant}});
-    fmt::print("{}\n", nlohmann::json{{"rows", rows}, {"throughput_mean_error", rep.throughput_mean},
+      rows.push_back({{"row", l.row}, {"set", l.set}, {"hardware", l.hardware}, {"software", l.software}, {"metric", l.metric},
+                      {"layout", l.layout}, {"published", l.published}, {"predicted", l.predicted}, {"error", l.error()},
+                      {"constant", l.constant}, {"memory_note", l.memory_note}});
+    nlohmann::json sets = nlohmann::json::object(), families = nlohmann::json::array();
+    for (auto& [name, e] : rep.sets)
+      sets[name] = {{"lines", e.lines}, {"mean_error", e.mean}, {"worst_error", e.worst},
+                    {"constant_utilisation", e.constant_utilisation}, {"constant_mean_error", e.constant_mean},
+                    {"constant_worst_error", e.constant_worst}, {"model_over_constant", e.ratio()}};
+    for (auto& f : rep.families)
+      families.push_back({{"hardware", f.hardware}, {"in_sample_lines", f.in_sample_lines}, {"held_out_lines", f.held_out_lines},
+                          {"gemm_max", f.gemm_max}, {"in_sample_gemm_scale", f.scale},
+                          {"in_sample_fitted_mean_error", f.in_sample_mean}});
+    fmt::print("{}\n", nlohmann::json{{"rows", rows}, {"sets", sets}, {"families", families},
+                                      {"throughput_mean_error", rep.throughput_mean},
                                       {"throughput_worst_error", rep.throughput_worst},
                                       {"constant_utilisation", rep.constant_utilisation},
                                       {"constant_mean_error", rep.constant_mean},
@@ -106,15 +118,26 @@ int run_validate(const PlanOptions& o) {
                                 .dump(2));
     return 0;
   }
-  fmt::print("{:<17} {:<14} {:<34} {:<26} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "row", "software", "metric",
-             "layout (planner)", "published", "predicted", "error", "constant", "error");
+  const bool split = rep.sets.count("held-out") > 0;
+  fmt::print("{:<21} {}{:<13} {:<14} {:<30} {:<34} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "row", split ? "set       " : "",
+             "hardware", "software", "metric", "layout (planner)", "published", "predicted", "error", "constant", "error");
   for (auto& l : rep.lines) {
     std::string cst = l.throughput ? fmt::format("{:>10.3g} {:>6.1f}%", l.constant, 100 * l.constant_error()) : "";
-    fmt::print("{:<17} {:<14} {:<34} {:<26} {:>10.4g} {:>10.4g} {:>6.1f}% {}\n", l.row, l.software, l.metric, l.layout,
-               l.published, l.predicted, 100 * l.error(), cst);
+    fmt::print("{:<21} {}{:<13} {:<14} {:<30} {:<34} {:>10.4g} {:>10.4g} {:>6.1f}% {}\n", l.row,
+               split ? fmt::format("{:<10}", l.set) : "", l.hardware, l.software, l.metric, l.layout, l.published,
+               l.predicted, 100 * l.error(), cst);
+    if (!l.memory_note.empty()) fmt::print("{:<21}   ^ the published layout ran, but {}\n", "", l.memory_note);
   }
   fmt::print("\nthroughput rows: mean error {:.1f}%, worst {:.1f}% (goal <= 10% / 20%)\n", 100 * rep.throughput_mean,
              100 * rep.throughput_worst);
+  for (auto& [name, e] : rep.sets)
+    fmt::print("  {:<9} {:>2} lines: mean {:.1f}%, worst {:.1f}%; best constant on these lines ({:.1f}% of bf16 peak): mean "
+               "{:.1f}%, worst {:.1f}% -> model/constant = {:.2f}{}\n",
+               name, e.lines, 100 * e.mean, 100 * e.worst, 100 * e.constant_utilisation, 100 * e.constant_mean,
+               100 * e.constant_worst, e.ratio(), name == "held-out" ? " (goal: mean <= 10%, worst <= 20%, ratio <= 0.6)" : "");
+  for (auto& f : rep.families)
+    fmt::print("  {:<10} efficiency.gemm_max {:.3f}: {} in-sample / {} held-out lines; in-sample fit x{:.3f} (mean {:.1f}%)\n",
+               f.hardware, f.gemm_max, f.in_sample_lines, f.held_out_lines, f.scale, 100 * f.in_sample_mean);
   fmt::print("best constant predictor (hardware-FLOP utilisation {:.1f}%): mean {:.1f}%, worst {:.1f}% -> model/constant "
              "= {:.2f} (goal <= 0.5)\n",
              100 * rep.constant_utilisation, 100 * rep.constant_mean, 100 * rep.constant_worst,
@@ -246,7 +269,8 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_flag("--explain", o->explain, "walk through the best layout's numbers");
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--sensitivity", o->sensitivity, "step time of the best layout with each hardware figure x2 and x0.5");
-  cmd->add_option("--validate", o->validate, "compare the cost model with published results in FILE");
+  cmd->add_option("--validate", o->validate,
+                  "compare the cost model with published results in FILE (repeat it to validate several files as one set)");
   cmd->add_option("--pipeline-layers", o->pipeline_layers,
                   "blocks per pipeline chunk, e.g. \"7,8,8,...,7\" (first and last stages trimmed, as real runs cut "
                   "126 layers on 16 stages); only layouts with that many chunks are searched");

@@ -105,6 +105,8 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (l.zero > j.software.max_zero)
     return {Reject::Engine, fmt::format("the software profile {} shards to ZeRO-{} at most", j.software.profile,
                                         j.software.max_zero)};
+  if (l.schedule == Schedule::ZeroBubble && !j.software.zero_bubble)
+    return {Reject::Engine, fmt::format("the software profile {} has no zero-bubble schedule", j.software.profile)};
   if (j.software.recompute && l.recompute != *j.software.recompute)
     return {Reject::Engine, fmt::format("the software profile {} runs recompute = {}", j.software.profile,
                                         recompute_name(*j.software.recompute))};

@@ -44,6 +44,9 @@ struct Software {
   double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
   bool sequence_parallel = true;  // the search may turn SP on with tp (false: the software has no SP)
   int max_zero = 3;               // the highest ZeRO stage the software shards to (0: plain DDP)
+  // The software runs a zero-bubble pipeline schedule (ZB-H1): Loom does; Megatron-Core, NeMo, NxD,
+  // DeepSpeed and FSDP stacks run (interleaved) 1F1B and GPipe.
+  bool zero_bubble = false;
   // Activation recompute: the search picks (unset), or the software always runs this policy.
   std::optional<Recompute> recompute;
   // fp8 runs: "delayed" or "blockwise" scaling (amaxes kept or taken per block in the cast pass) or

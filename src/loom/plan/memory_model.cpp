@@ -106,7 +106,9 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, int stage) {
   };
   MemoryBreakdown m;
   m.weights = shard(sb.weight, 3);
-  m.grads = shard(sb.grad, 2);
+  // The gradient buffer is held in the dtype it is reduced in: fp32 (Megatron's main_grad, FSDP's
+  // default), or bf16 where the software reduces bf16 (NeMo's grad_sync_dtype, DeepSpeed's bf16 grads).
+  m.grads = shard(j.software.grad_bytes, 2);
   m.optimizer = shard(sb.optimizer, 1);
   if (j.precision == "fp8") {
     // The layers' weights cast to fp8, with a transposed copy for backward, kept across the

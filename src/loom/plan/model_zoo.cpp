@@ -18,16 +18,32 @@ spec::TransformerConfig llama(const std::string& name, int64_t vocab, int64_t se
   return c;
 }
 
+PlanModel dense_llama(const std::string& name, int64_t vocab, int64_t seq, int64_t d, int64_t layers, int64_t heads,
+                      int64_t kv, int64_t ff, float theta, const std::string& source) {
+  return PlanModel{llama(name, vocab, seq, d, layers, heads, kv, ff, theta), 1, 1, source};
+}
+
+// A GPT-3-style model with its own vocabulary (Megatron's shapes use 51,200).
+PlanModel gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, const std::string& source) {
+  PlanModel m = megatron_gpt(name, layers, hidden, heads, 2048);
+  m.cfg.vocab_size = vocab;
+  m.source = source;
+  return m;
+}
+
+// MPT's planner shape: GPT-2's parameter layout (biases and a position table are < 0.6% of its
+// parameters) with the table sized for the longest published MPT run (8k); ALiBi itself has no limit.
+PlanModel mpt(const std::string& name, int64_t layers, int64_t d, int64_t heads) {
+  PlanModel m = megatron_gpt(name, layers, d, heads, 8192);
+  m.cfg.vocab_size = 50368;
+  m.source = "MosaicML llm-foundry scripts/train/yamls/pretrain/" + name + ".yaml";
+  return m;
+}
+
 // Large models, by name. Shapes from the papers / model cards named in `source`.
 const std::map<std::string, std::function<PlanModel()>>& zoo() {
   static const std::map<std::string, std::function<PlanModel()>> z = {
-      {"gpt3-175b",
-       [] {
-         PlanModel m = megatron_gpt("gpt3-175b", 96, 12288, 96, 2048);
-         m.cfg.vocab_size = 50257;
-         m.source = "Brown et al. 2020, Table 2.1";
-         return m;
-       }},
+      {"gpt3-175b", [] { return gpt("gpt3-175b", 96, 12288, 96, 50257, "Brown et al. 2020, Table 2.1"); }},
       // Megatron-LM SC21 Table 1 and Korthikanti et al. Table 3 sizes (vocab 51,200, seq 2048).
       {"megatron-1.7b", [] { return megatron_gpt("megatron-1.7b", 24, 2304, 24, 2048); }},
       {"megatron-3.6b", [] { return megatron_gpt("megatron-3.6b", 30, 3072, 32, 2048); }},
@@ -41,21 +57,31 @@ const std::map<std::string, std::function<PlanModel()>>& zoo() {
       {"megatron-310b", [] { return megatron_gpt("megatron-310b", 96, 16384, 128, 2048); }},
       {"megatron-530b", [] { return megatron_gpt("megatron-530b", 105, 20480, 128, 2048); }},
       {"megatron-1t", [] { return megatron_gpt("megatron-1t", 128, 25600, 160, 2048); }},
-      {"llama3-8b",
-       [] {
-         return PlanModel{llama("llama3-8b", 128256, 8192, 4096, 32, 32, 8, 14336, 500000), 1, 1,
-                          "Llama 3 model card / Dubey et al. 2024 Table 3"};
-       }},
-      {"llama3-70b",
-       [] {
-         return PlanModel{llama("llama3-70b", 128256, 8192, 8192, 80, 64, 8, 28672, 500000), 1, 1,
-                          "Llama 3 model card / Dubey et al. 2024 Table 3"};
-       }},
-      {"llama3-405b",
-       [] {
-         return PlanModel{llama("llama3-405b", 128256, 8192, 16384, 126, 128, 8, 53248, 500000), 1, 1,
-                          "Dubey et al. 2024 Table 3"};
-       }},
+      {"llama3-8b", [] { return dense_llama("llama3-8b", 128256, 8192, 4096, 32, 32, 8, 14336, 500000,
+                                             "Llama 3 model card / Dubey et al. 2024 Table 3"); }},
+      {"llama3-70b", [] { return dense_llama("llama3-70b", 128256, 8192, 8192, 80, 64, 8, 28672, 500000,
+                                             "Llama 3 model card / Dubey et al. 2024 Table 3"); }},
+      {"llama3-405b", [] { return dense_llama("llama3-405b", 128256, 8192, 16384, 126, 128, 8, 53248, 500000,
+                                             "Dubey et al. 2024 Table 3"); }},
+      // Llama 2 (Touvron et al. 2023, Table 1 and the released config.json files); llama2-34b is the
+      // unreleased 34B's shape as Code Llama 34B and IBM's fms-fsdp train it (GQA, 8 KV heads).
+      {"llama2-7b", [] { return dense_llama("llama2-7b", 32000, 4096, 4096, 32, 32, 32, 11008, 10000,
+                                             "Touvron et al. 2023 (Llama 2) Table 1; meta-llama/Llama-2-7b config.json"); }},
+      {"llama2-13b", [] { return dense_llama("llama2-13b", 32000, 4096, 5120, 40, 40, 40, 13824, 10000,
+                                             "Touvron et al. 2023 (Llama 2) Table 1; meta-llama/Llama-2-13b config.json"); }},
+      {"llama2-34b", [] { return dense_llama("llama2-34b", 32000, 4096, 8192, 48, 64, 8, 22016, 10000,
+                                             "Code Llama 34B shape (Roziere et al. 2023); as in IBM fms-fsdp's llama2_34b"); }},
+      {"llama2-70b", [] { return dense_llama("llama2-70b", 32000, 4096, 8192, 80, 64, 8, 28672, 10000,
+                                             "Touvron et al. 2023 (Llama 2) Table 1; meta-llama/Llama-2-70b config.json"); }},
+      // MosaicML MPT (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): GPT-style blocks with ALiBi (no
+      // position table, so any sequence length), no biases, FFN 4x, tied embeddings, vocab 50,368.
+      {"mpt-7b", [] { return mpt("mpt-7b", 32, 4096, 32); }},
+      {"mpt-13b", [] { return mpt("mpt-13b", 40, 5120, 40); }},
+      {"mpt-30b", [] { return mpt("mpt-30b", 48, 7168, 56); }},
+      {"mpt-70b", [] { return mpt("mpt-70b", 80, 8192, 64); }},
+      // NVIDIA NeMo's GPT-3 sizes (NeMo-Megatron-Launcher conf/training/gpt3/{5b,20b}.yaml), GPT-2 BPE.
+      {"nemo-gpt3-5b", [] { return gpt("nemo-gpt3-5b", 24, 4096, 32, 50257, "NeMo-Megatron-Launcher conf/training/gpt3/5b.yaml"); }},
+      {"nemo-gpt3-20b", [] { return gpt("nemo-gpt3-20b", 44, 6144, 48, 50257, "NeMo-Megatron-Launcher conf/training/gpt3/20b.yaml"); }},
       {"mixtral-8x7b",
        [] {
          return PlanModel{llama("mixtral-8x7b", 32000, 4096, 4096, 32, 32, 8, 14336, 1e6), 8, 2,

@@ -127,10 +127,11 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
         for (int ep : pick(f.ep, j.model.is_moe() ? divisors(std::min<int64_t>(dp, j.model.n_experts), 64) : std::vector<int>{1}))
           for (int mb : pick(f.micro_batch, powers_of_two_dividing(std::max<int64_t>(1, j.global_batch / dp), 16)))
             for (int vpp : pick(f.vpp, pp > 1 ? divisors(c.n_layers / pp, 8) : std::vector<int>{1}))
-              for (Schedule sch : pick(f.schedule, vpp > 1 ? std::vector<Schedule>{Schedule::Interleaved}
-                                                          : pp > 1 ? std::vector<Schedule>{Schedule::OneFOneB, Schedule::GPipe,
-                                                                                           Schedule::ZeroBubble}
-                                                                   : std::vector<Schedule>{Schedule::OneFOneB}))
+              for (Schedule sch : pick(f.schedule, vpp > 1   ? std::vector<Schedule>{Schedule::Interleaved}
+                                                   : pp == 1 ? std::vector<Schedule>{Schedule::OneFOneB}
+                                                   : j.software.zero_bubble
+                                                       ? std::vector<Schedule>{Schedule::OneFOneB, Schedule::GPipe, Schedule::ZeroBubble}
+                                                       : std::vector<Schedule>{Schedule::OneFOneB, Schedule::GPipe}))
                 for (int zero : pick(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
                   if (zero <= j.software.max_zero || f.zero)  // a --fix beyond the profile is refused, saying why
                   for (Recompute rc : pick(f.recompute, policies))

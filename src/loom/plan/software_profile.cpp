@@ -25,12 +25,20 @@ Software named(const std::string& name) {
     s.sequence_parallel = false, s.grad_bytes = 2;
     return s;
   }
+  if (name == "nemo") {  // Megatron-Core as NeMo launches it: distributed_fused_adam, grad_sync_dtype bf16
+    s.grad_bytes = 2, s.max_zero = 1;
+    return s;
+  }
+  if (name == "pytorch-fsdp") {  // PyTorch FSDP stacks (Composer/llm-foundry, fms-fsdp): SDPA, no TP/SP
+    s.sequence_parallel = false;
+    return s;
+  }
   if (name == "neuron") {  // NeuronX Distributed's ZeRO-1 optimizer; no ZeRO-2/3
     s.max_zero = 1;
     return s;
   }
   if (name == "loom") {
-    s.loom_engine = true;
+    s.loom_engine = true, s.zero_bubble = true;
     return s;
   }
   std::string valid;
@@ -40,7 +48,7 @@ Software named(const std::string& name) {
 
 }  // namespace
 
-std::vector<std::string> software_profile_names() { return {"megatron", "megatron-2021", "deepspeed", "neuron", "loom"}; }
+std::vector<std::string> software_profile_names() { return {"megatron", "megatron-2021", "nemo", "deepspeed", "pytorch-fsdp", "neuron", "loom"}; }
 
 Software parse_software_profile(const std::string& text, const std::string& origin) {
   toml::table root;
@@ -73,6 +81,7 @@ Software parse_software_profile(const std::string& text, const std::string& orig
   flag("dp_overlap", s.dp_overlap);
   flag("tp_overlap", s.tp_overlap);
   flag("sequence_parallel", s.sequence_parallel);
+  flag("zero_bubble", s.zero_bubble);
   if (const toml::node* n = t->get("max_zero")) {
     const auto v = n->value<int64_t>();
     if (!v || *v < 0 || *v > 3) fail("max_zero", "must be 0, 1, 2 or 3 (the highest ZeRO stage the software runs)");
@@ -95,7 +104,8 @@ Software parse_software_profile(const std::string& text, const std::string& orig
     fail("fp8_recipe", "= \"" + s.fp8_recipe + "\" is not \"delayed\", \"current\" or \"blockwise\"");
   for (const auto& [key, value] : *t) {
     static const char* const known[] = {"base", "name", "flash_attention", "dropout", "dp_overlap", "tp_overlap",
-                                        "sequence_parallel", "max_zero", "grad_bytes", "recompute", "fp8_recipe"};
+                                        "sequence_parallel", "zero_bubble", "max_zero", "grad_bytes", "recompute",
+                                        "fp8_recipe"};
     if (std::find(std::begin(known), std::end(known), key.str()) == std::end(known))
       fail(std::string(key.str()), "is not a software profile key");
   }
@@ -113,12 +123,12 @@ Software software_profile(const std::string& name_or_file) {
 
 std::string describe(const Software& s) {
   return fmt::format("{} ({} attention{}, DP {}, TP {}, SP {}, ZeRO up to {}, recompute {}, gradients reduced in {} bytes, "
-                     "fp8 {}{})",
+                     "fp8 {}{}{})",
                      s.profile, s.flash_attention ? "flash" : "materialised", s.dropout ? " with dropout" : "",
                      s.dp_overlap ? "overlapped" : "exposed", s.tp_overlap ? "overlapped (with SP)" : "exposed",
                      s.sequence_parallel ? "searched" : "never", s.max_zero,
                      s.recompute ? std::string(recompute_name(*s.recompute)) : "searched", s.grad_bytes, s.fp8_recipe,
-                     s.loom_engine ? ", Loom's engine memory" : "");
+                     s.zero_bubble ? ", zero-bubble pipeline" : "", s.loom_engine ? ", Loom's engine memory" : "");
 }
 
 }  // namespace loom::plan

@@ -65,10 +65,39 @@ Candidate plan_row(const ValidationRow& r, Recompute rc, bool sp) {
   return *best;
 }
 
+// A throughput line and what the constant-utilisation predictor needs for it: the FLOPs it charges per
+// step, the devices and peak it divides them by, and `units` -- what the metric counts per step (TFLOPs,
+// tokens; 0 for a time metric).
 struct Throughput {
   size_t line;
-  double hw_flops, devices, peak;
+  double hw_flops, devices, peak, units;
 };
+
+// The constant-utilisation predictor's value of a throughput line at utilisation u.
+double constant_value(const ValidationLine& line, const Throughput& x, double u) {
+  const double time = x.hw_flops / (u * x.devices * x.peak);
+  return line.metric.find("(s)") != std::string::npos ? time : x.units / (time * x.devices);
+}
+
+// The row's own layout, as far as its source states it (degrees, recompute, ZeRO, cp, micro-batch,
+// virtual stages); the planner picks the rest within the row's software profile. The published run
+// ran, so a memory model that says its layout does not fit must not stop its time being predicted: the
+// layout is then planned with the memory check lifted and `over_memory` set (reported beside the line).
+Candidate plan_row_as_stated(const ValidationRow& r, bool& over_memory) {
+  over_memory = false;
+  try {
+    return search(r.job, r.fixed, 1).ranked.front();
+  } catch (const ConfigError&) {
+  }
+  Job lifted = r.job;
+  lifted.cluster.hw.device.memory_bytes *= 1024;
+  try {
+    over_memory = true;
+    return search(lifted, r.fixed, 1).ranked.front();
+  } catch (const ConfigError& e) {
+    throw ConfigError("validation row '" + r.name + "': no layout with its stated settings: " + e.what());
+  }
+}
 
 // Every row's predictions with each row's GEMM efficiency (`efficiency.gemm_max`) multiplied by
 // `gemm_scale`; the throughput lines are listed in `thr`.
@@ -86,23 +115,39 @@ void evaluate(const std::vector<ValidationRow>& rows, double gemm_scale, Validat
       Candidate k = plan_row(r, Recompute::Full, false);
       double pred = flops96(c, B, s) / (k.time.total * devices) * 1e-12;
       rep.lines.push_back({r.name, "TFLOP/s per GPU (96*)", k.layout.str(), *pub, pred, 0, true});
-      thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
+      thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak, flops96(c, B, s) * 1e-12});
     }
     double full = 0, sel = 0;
     if (auto pub = r.iteration_full_s) {
       Candidate k = plan_row(r, Recompute::Full, false);
       full = k.time.total;
       rep.lines.push_back({r.name, "iteration, full recompute (s)", k.layout.str(), *pub, full, 0, true});
-      thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak});
+      thr.push_back({rep.lines.size() - 1, flops96(c, B, s), double(devices), peak, 0});
     }
     if (auto pub = r.iteration_selective_s) {
       Candidate k = plan_row(r, Recompute::Selective, true);
       sel = k.time.total;
       rep.lines.push_back({r.name, "iteration, selective + SP (s)", k.layout.str(), *pub, sel, 0, true});
       const double attn_recompute = 4 * B * s * s * c.d_model * c.n_layers;
-      thr.push_back({rep.lines.size() - 1, flops72(c, B, s) + attn_recompute, double(devices), peak});
+      thr.push_back({rep.lines.size() - 1, flops72(c, B, s) + attn_recompute, double(devices), peak, 0});
       if (auto mfu = r.mfu)
         rep.lines.push_back({r.name, "MFU (72*)", k.layout.str(), *mfu, flops72(c, B, s) / (sel * devices * peak), 0, false});
+    }
+    if (auto pub = r.tokens_per_s_per_device) {
+      // The constant is model-FLOP utilisation of the bf16 peak, fp8 rows included: the convention of
+      // the vendors' own tables, and the stronger baseline (fp8 runs are far from twice as fast).
+      bool over_memory = false;
+      Candidate k = plan_row_as_stated(r, over_memory);
+      const double tokens = B * s;
+      rep.lines.push_back({r.name, "tokens/s per device", k.layout.str(), *pub, tokens / (k.time.total * devices), 0, true});
+      if (over_memory) {
+        rep.lines.back().memory_note =
+            fmt::format("memory model: {:.1f} of {:.1f} GiB usable", k.memory.total / double(1 << 30),
+                        k.memory.usable / 1024 / double(1 << 30));
+        rep.over_memory.push_back(r.name);
+      }
+      thr.push_back({rep.lines.size() - 1, tokens * flops_per_token(r.job.model, r.job.seq), double(devices),
+                     r.job.cluster.hw.peak("bf16"), tokens});
     }
     if (full > 0 && sel > 0) {
       double pub = *r.iteration_full_s / *r.iteration_selective_s;
@@ -229,6 +274,10 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
       throw ConfigError(fmt::format("{}: validation row '{}': {}", origin, r.name, e.what()));  // unknown model, hardware
     }
     r.job.seq = in.integer("seq", kMaxCount);
+    // A published run fit its devices, so the planner's safety margin (10%, for plans not yet run)
+    // would only push unstated knobs (recompute) to costlier choices than the run made. Kept: 5% for
+    // the runtime (CUDA / Neuron context, communicator buffers).
+    r.job.memory_margin = 0.05;
     r.job.global_batch = in.integer("global_batch", kMaxCount);
     // The row's software profile (plan/software_profile.h); rows of the 2021-22 papers run
     // "megatron-2021": materialised attention scores, dropout, no TP overlap, and its "local" DDP
@@ -248,13 +297,32 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
       else
         in.fail("ddp", "= \"" + ddp + "\" is not \"local\" or \"torch\"");
     }
+    r.set = in.string("set", "in-sample");
+    if (r.set != "in-sample" && r.set != "held-out") in.fail("set", "= \"" + r.set + "\" is not \"in-sample\" or \"held-out\"");
+    r.source = in.string("source", "");
+    r.job.precision = in.string("precision", "bf16");
+    if (r.job.precision != "bf16" && r.job.precision != "fp8")
+      in.fail("precision", "= \"" + r.job.precision + "\" is not \"bf16\" or \"fp8\"");
     r.tp = static_cast<int>(in.integer("tp", kMaxCount));
     r.pp = static_cast<int>(in.integer("pp", kMaxCount));
-    const int64_t tp_pp = int64_t{r.tp} * r.pp;
+    const int cp = t->contains("cp") ? static_cast<int>(in.integer("cp", kMaxCount)) : 1;
+    const int64_t tp_pp = int64_t{r.tp} * r.pp * cp;
     if (r.devices % tp_pp != 0)
-      throw ConfigError(fmt::format("{}: validation row '{}': tp * pp = {} does not divide devices = {}", origin, r.name,
-                                    tp_pp, r.devices));
+      throw ConfigError(fmt::format("{}: validation row '{}': tp * pp * cp = {} does not divide devices = {}", origin,
+                                    r.name, tp_pp, r.devices));
     r.fixed.tp = r.tp, r.fixed.pp = r.pp, r.fixed.dp = static_cast<int>(r.devices / tp_pp);
+    r.fixed.cp = cp, r.fixed.ep = 1;
+    if (t->contains("zero")) {
+      const auto z = t->get("zero")->value_exact<int64_t>();
+      if (!z || *z < 0 || *z > 3) in.fail("zero", "must be 0, 1, 2 or 3");
+      r.fixed.zero = static_cast<int>(*z);
+    }
+    if (t->contains("recompute")) {
+      const std::string rc = in.string("recompute", "");
+      if (rc != "none" && rc != "selective" && rc != "full")
+        in.fail("recompute", "= \"" + rc + "\" is not \"none\", \"selective\" or \"full\"");
+      r.fixed.recompute = spec::parse_recompute(rc);
+    }
     if (t->contains("micro_batch")) r.fixed.micro_batch = static_cast<int>(in.integer("micro_batch", kMaxCount));
     if (t->contains("vpp")) r.fixed.vpp = static_cast<int>(in.integer("vpp", kMaxCount));
     r.tflops_96 = in.figure("tflops_96");
@@ -264,6 +332,22 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
     r.state_GiB = in.figure("state_GiB");
     r.activations_none_GiB = in.figure("activations_none_GiB");
     r.activations_selective_GiB = in.figure("activations_selective_GiB");
+    r.tokens_per_s_per_device = in.figure("tokens_per_s_per_device");
+    if (auto seqs = in.figure("sequences_per_s")) {
+      if (r.tokens_per_s_per_device) in.fail("sequences_per_s", "and 'tokens_per_s_per_device' state the same figure: give one");
+      r.tokens_per_s_per_device = *seqs * static_cast<double>(r.job.seq) / r.devices;
+    }
+    if (r.tokens_per_s_per_device && (r.tflops_96 || r.iteration_full_s || r.iteration_selective_s))
+      in.fail("tokens_per_s_per_device", "cannot share a row with the Megatron-paper figures (tflops_96, iteration_*_s)");
+    for (const auto& [key, value] : *t) {
+      static const char* const known[] = {"name", "model", "hardware", "devices", "seq", "global_batch", "software", "ddp",
+                                          "set", "source", "precision", "tp", "pp", "cp", "zero", "recompute",
+                                          "micro_batch", "vpp", "tflops_96", "iteration_full_s", "iteration_selective_s",
+                                          "mfu", "state_GiB", "activations_none_GiB", "activations_selective_GiB",
+                                          "tokens_per_s_per_device", "sequences_per_s"};
+      if (std::find(std::begin(known), std::end(known), key.str()) == std::end(known))
+        in.fail(std::string(key.str()), "is not a validation row key");
+    }
     parsed.push_back(std::move(r));
   }
   return parsed;
@@ -273,71 +357,147 @@ ValidationReport validate(const std::string& text, const std::string& origin, co
   return validate(parse_validation(text, origin, dirs));
 }
 
+namespace {
+
+// Model and best-constant errors over the throughput lines `subset` (indices into `thr`), the constant's
+// utilisation fitted to those lines alone.
+SetErrors set_errors(const ValidationReport& rep, const std::vector<Throughput>& thr, const std::vector<size_t>& subset) {
+  SetErrors e;
+  e.lines = static_cast<int>(subset.size());
+  if (subset.empty()) return e;
+  std::vector<double> utilisations;
+  std::vector<std::vector<double>> errors;
+  for (double u = 0.10; u <= 0.90; u += 0.0005) {
+    utilisations.push_back(u);
+    auto& errs = errors.emplace_back();
+    for (size_t i : subset) {
+      ValidationLine l = rep.lines[thr[i].line];
+      l.constant = constant_value(l, thr[i], u);
+      errs.push_back(l.constant_error());
+    }
+  }
+  const OneParameterFit fit = fit_one_parameter(errors);
+  e.constant_utilisation = utilisations[fit.best];
+  for (size_t k = 0; k < subset.size(); ++k) {
+    const auto& l = rep.lines[thr[subset[k]].line];
+    e.mean += l.error() / static_cast<double>(subset.size());
+    e.worst = std::max(e.worst, l.error());
+    e.constant_mean += errors[fit.best][k] / static_cast<double>(subset.size());
+    e.constant_worst = std::max(e.constant_worst, errors[fit.best][k]);
+  }
+  return e;
+}
+
+// Every throughput line's error with each of `scales` applied to the GEMM efficiency of `rows`.
+std::vector<std::vector<double>> errors_by_gemm_scale(const std::vector<ValidationRow>& rows, const std::vector<double>& scales) {
+  std::vector<std::vector<double>> out;
+  for (double k : scales) {
+    ValidationReport scratch;
+    std::vector<Throughput> scratch_thr;
+    evaluate(rows, k, scratch, scratch_thr);
+    auto& errs = out.emplace_back();
+    for (auto& x : scratch_thr) errs.push_back(scratch.lines[x.line].error());
+  }
+  return out;
+}
+
+std::vector<double> scale_grid(double lo, double hi) {
+  std::vector<double> g;
+  for (double k = lo; k <= hi + 1e-9; k += 0.005) g.push_back(k);
+  return g;
+}
+
+}  // namespace
+
 ValidationReport validate(const std::vector<ValidationRow>& parsed) {
   ValidationReport rep;
   std::vector<Throughput> thr;
   evaluate(parsed, 1.0, rep, thr);
+  for (auto& line : rep.lines)
+    for (const auto& r : parsed)
+      if (r.name == line.row) line.software = r.job.software.profile, line.set = r.set, line.hardware = r.job.cluster.hw.name;
 
   // The bar to beat: one hardware-FLOP utilisation u for all throughput rows (time = FLOPs / (u N peak)),
   // u chosen to minimise the mean relative throughput error.
-  auto constant_pred = [&](const Throughput& x, double u) {
-    const auto& line = rep.lines[x.line];
-    double time = x.hw_flops / (u * x.devices * x.peak);
-    return line.metric.find("(s)") != std::string::npos ? time : x.hw_flops / (time * x.devices) * 1e-12;
-  };
-  std::vector<double> utilisations;
-  std::vector<std::vector<double>> constant_errors;
-  for (double u = 0.20; u <= 0.80; u += 0.0005) {
-    utilisations.push_back(u);
-    auto& errs = constant_errors.emplace_back();
-    for (auto& x : thr) {
-      ValidationLine l = rep.lines[x.line];
-      l.constant = constant_pred(x, u);
-      errs.push_back(l.constant_error());
+  std::vector<size_t> all(thr.size());
+  for (size_t i = 0; i < thr.size(); ++i) all[i] = i;
+  const SetErrors every = set_errors(rep, thr, all);
+  rep.constant_utilisation = every.constant_utilisation;
+  rep.throughput_mean = every.mean, rep.throughput_worst = every.worst;
+  rep.constant_mean = every.constant_mean, rep.constant_worst = every.constant_worst;
+  for (auto& x : thr) rep.lines[x.line].constant = constant_value(rep.lines[x.line], x, rep.constant_utilisation);
+  {
+    std::vector<std::vector<double>> constant_errors;
+    for (double u = 0.10; u <= 0.90; u += 0.0005) {
+      auto& errs = constant_errors.emplace_back();
+      for (auto& x : thr) {
+        ValidationLine l = rep.lines[x.line];
+        l.constant = constant_value(l, x, u);
+        errs.push_back(l.constant_error());
+      }
     }
+    rep.constant_loo_mean = fit_one_parameter(constant_errors).loo_mean;
   }
-  OneParameterFit cfit = fit_one_parameter(constant_errors);
-  rep.constant_utilisation = utilisations[cfit.best];
-  rep.constant_loo_mean = cfit.loo_mean;
-  for (auto& x : thr) rep.lines[x.line].constant = constant_pred(x, rep.constant_utilisation);
-  for (auto& x : thr) {
-    const auto& l = rep.lines[x.line];
-    rep.throughput_mean += l.error() / thr.size();
-    rep.throughput_worst = std::max(rep.throughput_worst, l.error());
-    rep.constant_mean += l.constant_error() / thr.size();
-    rep.constant_worst = std::max(rep.constant_worst, l.constant_error());
+  for (const char* set : {"in-sample", "held-out"}) {
+    std::vector<size_t> subset;
+    for (size_t i = 0; i < thr.size(); ++i)
+      if (rep.lines[thr[i].line].set == set) subset.push_back(i);
+    if (!subset.empty()) rep.sets[set] = set_errors(rep, thr, subset);
   }
 
   // The model's counterpart of the constant's one fitted number: the GEMM efficiency, one scale for
   // every row, fitted the same way. A model whose shipped constants are right fits a scale near 1; its
   // leave-one-out error says how well it predicts a row it was not fitted to.
-  std::vector<double> scales;
-  std::vector<std::vector<double>> model_errors;
-  for (double k = 0.80; k <= 1.10 + 1e-9; k += 0.005) {
-    ValidationReport scratch;
-    std::vector<Throughput> scratch_thr;
-    evaluate(parsed, k, scratch, scratch_thr);
-    scales.push_back(k);
-    auto& errs = model_errors.emplace_back();
-    for (auto& x : scratch_thr) errs.push_back(scratch.lines[x.line].error());
-  }
-  OneParameterFit mfit = fit_one_parameter(model_errors);
+  const std::vector<double> scales = scale_grid(0.80, 1.10);
+  const OneParameterFit mfit = fit_one_parameter(errors_by_gemm_scale(parsed, scales));
   rep.gemm_scale_fitted = scales[mfit.best];
   rep.gemm_fitted_mean = mfit.mean;
   rep.gemm_loo_mean = mfit.loo_mean;
-  // Every line names the software profile its row was predicted under.
-  for (auto& line : rep.lines)
-    for (const auto& r : parsed)
-      if (r.name == line.row) line.software = r.job.software.profile;
+
+  // Per device family, the GEMM efficiency its in-sample rows alone call for: what its hardware file
+  // should ship. Held-out rows never enter this fit.
+  std::vector<std::string> names;
+  for (const auto& r : parsed)
+    if (std::find(names.begin(), names.end(), r.job.cluster.hw.name) == names.end()) names.push_back(r.job.cluster.hw.name);
+  for (const auto& name : names) {
+    FamilyFit f;
+    f.hardware = name;
+    std::vector<ValidationRow> fit_rows;
+    for (const auto& r : parsed) {
+      if (r.job.cluster.hw.name != name) continue;
+      f.gemm_max = r.job.cluster.hw.efficiency.gemm_max;
+      if (r.set == "in-sample") fit_rows.push_back(r);
+    }
+    for (const auto& l : rep.lines)
+      if (l.throughput && l.hardware == name) (l.set == "in-sample" ? f.in_sample_lines : f.held_out_lines)++;
+    if (f.in_sample_lines > 0) {
+      const std::vector<double> grid = scale_grid(0.50, 1.30);
+      const OneParameterFit ff = fit_one_parameter(errors_by_gemm_scale(fit_rows, grid));
+      f.scale = grid[ff.best], f.in_sample_mean = ff.mean;
+    }
+    rep.families.push_back(f);
+  }
   return rep;
 }
 
 ValidationReport validate_file(const std::string& path, const std::vector<std::string>& dirs) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot read validation file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return validate(ss.str(), path, dirs);
+  return validate_files({path}, dirs);
+}
+
+ValidationReport validate_files(const std::vector<std::string>& paths, const std::vector<std::string>& dirs) {
+  std::vector<ValidationRow> rows;
+  for (const auto& path : paths) {
+    std::ifstream in(path);
+    if (!in) throw ConfigError("cannot read validation file '" + path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    for (auto& r : parse_validation(ss.str(), path, dirs)) {
+      for (const auto& o : rows)
+        if (o.name == r.name) throw ConfigError(path + ": validation row '" + r.name + "' is named twice; row names must be unique");
+      rows.push_back(std::move(r));
+    }
+  }
+  return validate(rows);
 }
 
 }  // namespace loom::plan
