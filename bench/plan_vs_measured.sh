@@ -7,7 +7,7 @@
 # class the planner misses most. Classes under 5% of the step are shown in parentheses (not counted).
 #   bash bench/plan_vs_measured.sh [rounds] [steps] [build-dir] [precision] [machine.toml] [config]
 # precision: the run's (bf16 as configs/mini.toml, or fp32); machine.toml: a `loom calibrate` file
-# (default: calibrated now; "" for that); config: the model's config (configs/mini.toml, or
+# (default: calibrated now, with the config's layer GEMMs timed at its shapes (`--model`); "" for that); config: the model's config (configs/mini.toml, or
 # configs/llama-mini.toml). The last lines are issue 17's local loop: tokens/s predicted against
 # measured per layout (goal: within 10%).
 source "$(dirname "$0")/training_run_setup.sh"
@@ -16,7 +16,7 @@ machine=${5:-}
 config=${6:-configs/mini.toml}
 if [ -z "$machine" ]; then
   machine="$tmp/machine.toml"
-  "$loom" calibrate --out "$machine" | tail -1
+  "$loom" calibrate --out "$machine" --model "$config" | tail -1
 fi
 
 # report NAME RANKS ARGS...: trains, reports, and prints the planner block of the report as JSON

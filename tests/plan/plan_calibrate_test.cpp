@@ -134,3 +134,67 @@ TEST(Calibrate, LoomsOwnKernelsBecomeTheAttentionRateAndTheMemoryEfficiency) {
   EXPECT_DOUBLE_EQ(hardware_from_calibration(c).efficiency.memory, 1.0) << "not measured: the triad is the rate";
 }
 
+
+// `loom calibrate --model CONFIG`: the model's layer GEMMs, timed at the shapes its layouts run, are
+// written as [[gemm_table]] and read back; the time model takes their rate for exactly those shapes and
+// the curve for any other.
+TEST(Calibrate, MeasuredLayerGemmsReplaceTheCurveForTheirShapes) {
+  Hardware hw = parse_hardware(R"(
+name = "cpu"
+[device]
+memory_GiB = 16
+memory_bandwidth_GBps = 50
+peak_tflops = { bf16 = 1, f32 = 0.5 }
+[node]
+devices = 1
+[intra_node]
+bandwidth_GBps = 10
+latency_us = 1
+[inter_node]
+bandwidth_GBps = 10
+latency_us = 1
+[[gemm_table]]
+m = 2048
+n = 1152
+k = 384
+bytes = 2
+tflops = 0.25
+)", "cpu.toml");
+  ASSERT_EQ(hw.gemm_table.size(), 1u);
+  const double flops = 2.0 * 2048 * 1152 * 384;
+  EXPECT_NEAR(gemm_time({2048, 1152, 384, 2}, hw, hw.peak("bf16"), 2), 2 * flops / 0.25e12, 1e-12);
+  // Another element size, or another shape: the curve.
+  const double curve = gemm_time({2048, 1152, 384}, hw, hw.peak("f32"), 4);
+  EXPECT_NE(curve, flops / 0.25e12);
+  EXPECT_NE(gemm_time({2048, 1152, 512}, hw, hw.peak("bf16"), 2), flops / 0.25e12 * 512 / 384);
+  // Round trip, and a bad row named.
+  const Hardware back = parse_hardware(hardware_to_toml(hw, "x", {}), "back.toml");
+  ASSERT_EQ(back.gemm_table.size(), 1u);
+  EXPECT_DOUBLE_EQ(back.gemm_table[0].flops_per_s, 0.25e12);
+  std::string text = hardware_to_toml(hw, "x", {});
+  text.replace(text.find("bytes = 2"), 9, "bytes = 3");
+  try {
+    parse_hardware(text, "bad.toml");
+    FAIL() << "bytes = 3 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "bad.toml: gemm_table[0]: 'bytes' must be 1, 2 or 4");
+  }
+
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / ("loom-calibrate-model-" + std::to_string(::getpid()) + ".toml");
+  auto r = test::run_loom("calibrate --quick --threads 1 --no-comm --model " LOOM_SOURCE_DIR "/configs/tiny.toml --out " +
+                          file.string());
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const Hardware measured = load_hardware(file.string());
+  // tiny (fp32, batch 8 x 64): rows 512, 256 and 128, tp 1 and 2, five GEMMs each.
+  ASSERT_EQ(measured.gemm_table.size(), 30u);
+  for (const auto& g : measured.gemm_table) {
+    EXPECT_EQ(g.bytes, 4);
+    EXPECT_TRUE(g.M == 512 || g.M == 256 || g.M == 128) << g.M;
+    EXPECT_GT(g.flops_per_s, 0);
+  }
+  fs::remove(file);
+  r = test::run_loom("calibrate --quick --no-comm --model /no/such.toml --out " + file.string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE((r.out + r.err).find("--model"), std::string::npos) << r.out << r.err;
+}

@@ -27,6 +27,7 @@
 #include "loom/kernels/peak_probe.h"
 #include "loom/kernels/stream_probe.h"
 #include "loom/plan/calibration.h"
+#include "loom/train/run_config.h"
 
 namespace loom::cli {
 
@@ -38,6 +39,7 @@ struct CalibrateOptions {
   bool quick = false;
   bool comm = true;
   std::vector<int> comm_ranks{2};
+  std::vector<std::string> models;  // --model CONFIG: that model's layer GEMMs at its shapes
 };
 
 using Clock = std::chrono::steady_clock;
@@ -62,31 +64,88 @@ template <class Run> double best_rate(double work, double budget, Run &&run) {
   return best;
 }
 
+// One GEMM shape's operands, filled with small non-zero values near 1 (as the peak probe: zeros or
+// denormals could take unrepresentative paths), and the call that runs it.
+struct GemmOperands {
+  kernels::GemmDesc d;
+  Buffer a, b, c;
+  GemmOperands(int64_t M, int64_t N, int64_t K, DType dtype, Allocator &alloc)
+      : d{.M = M, .N = N, .K = K, .ab_type = dtype},
+        a(alloc, dtype_size(dtype) * M * K, MemCategory::Workspace),
+        b(alloc, dtype_size(dtype) * K * N, MemCategory::Workspace),
+        c(alloc, sizeof(float) * M * N, MemCategory::Workspace) {
+    const size_t elt = dtype_size(dtype);
+    auto fill = [elt](Buffer &buf, size_t n, unsigned mod) {
+      auto *p = static_cast<unsigned char *>(buf.data());
+      for (size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(i % mod + 1);
+      for (size_t i = elt - 1; i < n; i += elt) p[i] = 0x3c;
+    };
+    fill(a, elt * M * K, 61);
+    fill(b, elt * K * N, 53);
+  }
+  void run(Allocator &alloc) { kernels::gemm(d, a.data(), b.data(), static_cast<float *>(c.data()), nullptr, alloc); }
+  double flops() const { return 2.0 * double(d.M) * double(d.N) * double(d.K); }
+};
+
 // Best rate of one GEMM shape (best_rate).
 plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
                            double budget, Allocator &alloc) {
-  kernels::GemmDesc d{.M = M, .N = N, .K = K, .ab_type = dtype};
-  const size_t elt = dtype_size(dtype);
-  Buffer a(alloc, elt * M * K, MemCategory::Workspace),
-      b(alloc, elt * K * N, MemCategory::Workspace);
-  Buffer c(alloc, sizeof(float) * M * N, MemCategory::Workspace);
-  // Small non-zero values near 1 (as the peak probe): zeros or denormals could
-  // take unrepresentative paths.
-  for (size_t i = 0; i < elt * M * K; ++i)
-    static_cast<unsigned char *>(a.data())[i] =
-        static_cast<unsigned char>(i % 61 + 1);
-  for (size_t i = 0; i < elt * K * N; ++i)
-    static_cast<unsigned char *>(b.data())[i] =
-        static_cast<unsigned char>(i % 53 + 1);
-  for (size_t i = elt - 1; i < elt * M * K; i += elt)
-    static_cast<unsigned char *>(a.data())[i] = 0x3c;
-  for (size_t i = elt - 1; i < elt * K * N; i += elt)
-    static_cast<unsigned char *>(b.data())[i] = 0x3c;
-  auto run = [&] {
-    kernels::gemm(d, a.data(), b.data(), static_cast<float *>(c.data()),
-                  nullptr, alloc);
+  GemmOperands g(M, N, K, dtype, alloc);
+  return {double(M), double(N), double(K), best_rate(g.flops(), budget, [&] { g.run(alloc); })};
+}
+
+// A layer GEMM as a training step runs it: the forward [M, N, K] and its backward dX [M, K, N] and dW
+// [K, N, M], each called with the core caches evicted (a step's other kernels have filled them with
+// their own data, as for attention below) and timed by the median of repetitions, not the best: the
+// planner is to predict a step, not the machine's best moment.
+plan::MeasuredGemm time_layer_gemm(int64_t M, int64_t N, int64_t K, DType dtype, double budget, Allocator &alloc) {
+  GemmOperands fwd(M, N, K, dtype, alloc), dx(M, K, N, dtype, alloc), dw(K, N, M, dtype, alloc);
+  std::vector<float> evict(size_t{4} << 20);
+  auto cold = [&](GemmOperands &g) {
+    for (size_t i = 0; i < evict.size(); i += 16) evict[i] += 1.0f;
+    const auto t0 = Clock::now();
+    g.run(alloc);
+    return seconds_since(t0);
   };
-  return {double(M), double(N), double(K), best_rate(2.0 * M * N * K, budget, run)};
+  std::vector<double> times;
+  const auto start = Clock::now();
+  for (int rep = 0; (rep < 4 || seconds_since(start) < budget) && rep <= 1000; ++rep) {
+    const double t = cold(fwd) + cold(dx) + cold(dw);
+    if (rep > 0) times.push_back(t);  // the first calls create the primitives
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+  return {double(M), double(N), double(K), double(dtype_size(dtype)), 3 * fwd.flops() / times[times.size() / 2]};
+}
+
+// The layer GEMMs of the model in `config` at the shapes its layouts run on this machine: rows = the
+// tokens of one micro-batch (the batch, a half and a quarter of it as dp = 2 and 4 or pipeline
+// micro-batches give, and the configured micro-batch),
+// columns split by tp in {1, 2} where tp divides the heads, KV heads and FFN width; the LM head too.
+std::vector<plan::MeasuredGemm> time_model_gemms(const std::string &config, double budget, Allocator &alloc) {
+  const train::RunConfig cfg = train::load_run_config(config);
+  const spec::TransformerConfig &m = cfg.model.resolved;
+  const DType dtype = cfg.precision == model::Precision::FP32 ? DType::F32 : DType::BF16;
+  const int64_t T = cfg.seq_len();
+  std::vector<int64_t> rows = {cfg.train.batch_size * T};
+  for (int64_t d : {2, 4})
+    if (cfg.train.batch_size % d == 0) rows.push_back(cfg.train.batch_size / d * T);
+  if (cfg.train.micro_batch_size > 0) rows.push_back(cfg.train.micro_batch_size * T);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const int64_t C = m.d_model, hd = m.head_dim(), q = m.n_heads * hd, kv = m.n_kv_heads * hd, F = m.d_ff;
+  const bool gpt2 = m.arch == spec::Arch::GPT2;
+  std::vector<plan::MeasuredGemm> out;
+  for (int64_t tp : {1, 2}) {
+    if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp) continue;
+    for (int64_t n : rows)
+      for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{(q + 2 * kv) / tp, C},
+                                                                   {C, q / tp},
+                                                                   {(gpt2 ? F : 2 * F) / tp, C},
+                                                                   {C, F / tp},
+                                                                   {m.vocab_size / tp, C}})
+        out.push_back(time_layer_gemm(n, N, K, dtype, budget, alloc));
+  }
+  return out;
 }
 
 // Loom's attention kernel, forward then backward, at one shape: FLOP/s by the kernel's own declared
@@ -264,6 +323,10 @@ int run_calibrate(const CalibrateOptions &o) {
     cal.attention.push_back(time_attention(1, 1024, 8, 64, budget, alloc));
     cal.attention.push_back(time_attention(1, 2048, 8, 128, budget, alloc));
   }
+  for (const auto &config : o.models) {
+    auto gemms = time_model_gemms(config, o.quick ? 0.01 : 0.2, alloc);
+    cal.engine_gemms.insert(cal.engine_gemms.end(), gemms.begin(), gemms.end());
+  }
   cal.elementwise_bytes_per_s = time_elementwise(o.quick ? (1 << 20) : (16 << 20), o.quick ? 2 : 4);
 
   if (o.comm)
@@ -313,6 +376,10 @@ void register_calibrate(CLI::App &app, Action &action) {
                 "small sizes only (seconds; for tests, not for planning)");
   cmd->add_flag("!--no-comm", o->comm,
                 "skip the collectives (the link figures become placeholders)");
+  cmd->add_option("--model", o->models,
+                  "a training config (TOML) whose layer GEMMs are timed at the shapes its layouts run; the "
+                  "planner then uses those rates for them (repeatable)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--comm-ranks", o->comm_ranks,
                   "group sizes to time Loom's collectives at (default 2)")
       ->delimiter(',');

@@ -90,6 +90,7 @@ Hardware hardware_from_calibration(const Calibration &c) {
   const GemmCurve curve = fit_gemm_curve(rel);
   hw.efficiency.gemm_max = curve.gemm_max;
   hw.efficiency.gemm_half_dim = curve.gemm_half_dim;
+  hw.gemm_table = c.engine_gemms;
   hw.efficiency.memory =
       1.0; // memory_bandwidth is already the measured streaming rate
   // What Loom's own kernels reach: its element-wise kernels stream below the triad's rate, and its
@@ -200,7 +201,10 @@ std::string calibration_to_toml(const Calibration &c) {
         "gemm_max, gemm_half_dim: fitted (see header). memory: Loom's element-wise "
         "kernels' streaming rate\n"
         "over the triad's (1 when not measured). link: 1 when intra_node was measured "
-        "(its bandwidth is achieved bus\nbandwidth), else the default of hardware.h."}});
+        "(its bandwidth is achieved bus\nbandwidth), else the default of hardware.h."},
+       {"gemm_table", "`loom calibrate --model`: each layer GEMM of the named models at the shapes their layouts run\n"
+                      "(rows = tokens per micro-batch, columns split by tp), forward + dX + dW timed; the planner\n"
+                      "uses these rates in place of the curve for exactly these shapes."}});
   auto list = [](auto const &v, auto f) {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i)

@@ -52,6 +52,8 @@ struct Calibration {
   // [B, T, H, D]) and its streaming element-wise kernels as a step mixes them (declared bytes per second).
   std::vector<std::pair<std::vector<int64_t>, double>> attention;
   double elementwise_bytes_per_s = 0;
+  // `loom calibrate --model CONFIG`: that model's layer GEMMs at the shapes its layouts run (hardware.h).
+  std::vector<MeasuredGemm> engine_gemms;
 };
 
 // The intra-node link that explains the collective samples with collective_cost.h's alpha-beta model

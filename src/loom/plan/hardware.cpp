@@ -117,6 +117,24 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   for (double f : {e.gemm_max, e.memory, e.link})
     if (f <= 0 || f > 1) throw ConfigError(origin + ": efficiency figures must lie in (0, 1]");
   hw.efficiency = e;
+  if (const toml::node* t = root.get("gemm_table")) {
+    const toml::array* rows = t->as_array();
+    if (!rows) throw ConfigError(origin + ": 'gemm_table' must be an array of tables ([[gemm_table]])");
+    for (size_t i = 0; i < rows->size(); ++i) {
+      const toml::table* row = (*rows)[i].as_table();
+      const std::string where = fmt::format("{}: gemm_table[{}]", origin, i);
+      if (!row) throw ConfigError(where + " must be a table with m, n, k, bytes and tflops");
+      auto field = [&](const char* key) {
+        const auto v = row->get(key) ? row->get(key)->value<double>() : std::nullopt;
+        if (!v || !std::isfinite(*v) || *v <= 0 || *v > kMaxFigure)
+          throw ConfigError(fmt::format("{}: '{}' must be a positive number", where, key));
+        return *v;
+      };
+      MeasuredGemm g{field("m"), field("n"), field("k"), field("bytes"), field("tflops") * T};
+      if (g.bytes != 1 && g.bytes != 2 && g.bytes != 4) throw ConfigError(where + ": 'bytes' must be 1, 2 or 4");
+      hw.gemm_table.push_back(g);
+    }
+  }
   if (hw.device.peak_bf16 <= 0 || hw.device.memory_bytes <= 0 || hw.device.memory_bandwidth <= 0 ||
       hw.intra_node.bandwidth <= 0 || hw.inter_node.bandwidth <= 0)
     throw ConfigError(origin + ": peaks, memory, bandwidths must be positive");
@@ -162,6 +180,12 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   out += section("efficiency") + fmt::format("gemm_max = {:.4g}\ngemm_half_dim = {:.4g}\nmemory = {:.4g}\nlink = {:.4g}\n",
                                              hw.efficiency.gemm_max, hw.efficiency.gemm_half_dim,
                                              hw.efficiency.memory, hw.efficiency.link);
+  if (!hw.gemm_table.empty()) {
+    out += "\n" + comment(notes.count("gemm_table") ? notes.at("gemm_table") : std::string("GEMM shapes measured as a training step runs them (forward + both backward GEMMs)."));
+    for (const auto& g : hw.gemm_table)
+      out += fmt::format("[[gemm_table]]\nm = {:.0f}\nn = {:.0f}\nk = {:.0f}\nbytes = {:.0f}\ntflops = {:.6g}\n", g.M, g.N, g.K,
+                         g.bytes, g.flops_per_s / T);
+  }
   return out;
 }
 

@@ -41,6 +41,16 @@ struct DeviceSpec {
   double attention_flops = 0;
 };
 
+// A GEMM shape measured on the device as a training step runs it (`loom calibrate --model`): the
+// forward [M, N, K] with its two backward GEMMs (dX [M, K, N], dW [K, N, M]) at `bytes` per element
+// (4 f32, 2 bf16); the rate is the three's FLOPs over their summed time. For that shape and element size
+// the time model takes this rate instead of the efficiency curve: a curve fitted to square shapes
+// misses the thin ones a narrow model's layers give.
+struct MeasuredGemm {
+  double M = 0, N = 0, K = 0, bytes = 2;
+  double flops_per_s = 0;
+};
+
 struct Hardware {
   std::string name;    // short name, e.g. "h100"
   std::string source;  // where the figures came from (file, "calibrate", vendor docs)
@@ -49,6 +59,7 @@ struct Hardware {
   Link intra_node;
   Link inter_node;  // per device
   Efficiency efficiency;
+  std::vector<MeasuredGemm> gemm_table;  // empty: the curve alone
 
   double peak(const std::string& precision) const;  // "f32" | "bf16" | "fp8"; throws ConfigError
 };

@@ -163,7 +163,11 @@ std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const L
     bool lower_is_better = false;
   };
   const std::vector<Knob> knobs = {
-      {"peak FLOP/s", [](Hardware& h, double x) { h.device.peak_bf16 *= x, h.device.peak_fp8 *= x, h.device.peak_f32 *= x; }},
+      {"peak FLOP/s",
+       [](Hardware& h, double x) {
+         h.device.peak_bf16 *= x, h.device.peak_fp8 *= x, h.device.peak_f32 *= x;
+         for (auto& g : h.gemm_table) g.flops_per_s *= x;  // measured GEMM rates scale with the peak too
+       }},
       {"memory bandwidth", [](Hardware& h, double x) { h.device.memory_bandwidth *= x; }},
       {"memory capacity", [](Hardware& h, double x) { h.device.memory_bytes *= x; }},
       {"intra-node link", [](Hardware& h, double x) { h.intra_node.bandwidth *= x; }},

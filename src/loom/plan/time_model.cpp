@@ -14,6 +14,10 @@ namespace loom::plan {
 
 double gemm_time(const GemmShape& g, const Hardware& hw, double peak, double bytes_per_element) {
   if (g.M <= 0 || g.N <= 0 || g.K <= 0 || g.count <= 0) return 0;
+  auto same = [](double a, double b) { return std::abs(a - b) < 0.5; };
+  for (const auto& m : hw.gemm_table)
+    if (m.bytes == bytes_per_element && same(m.M, g.M) && same(m.N, g.N) && same(m.K, g.K))
+      return g.count * 2 * g.M * g.N * g.K / m.flops_per_s;
   const auto& e = hw.efficiency;
   auto fill = [&](double d) { return d / (d + e.gemm_half_dim); };
   const double eff = e.gemm_max * fill(g.M) * fill(g.N) * fill(g.K);

@@ -16,7 +16,8 @@ struct GemmShape {
   double M = 0, N = 0, K = 0, count = 1;
 };
 // Seconds for one such GEMM on `hw`: max(FLOPs / (peak * eff(M,N,K)), bytes / achievable bandwidth),
-// eff = gemm_max * prod_d d / (d + gemm_half_dim) -- small dimensions leave tiles and SMs idle.
+// eff = gemm_max * prod_d d / (d + gemm_half_dim) -- small dimensions leave tiles and SMs idle -- or,
+// for a shape and element size in hw.gemm_table (measured by `loom calibrate --model`), that rate.
 double gemm_time(const GemmShape& g, const Hardware& hw, double peak, double bytes_per_element);
 
 struct StepTime {
