@@ -471,7 +471,12 @@ ValidationReport validate(const std::vector<ValidationRow>& parsed) {
     for (const auto& l : rep.lines)
       if (l.throughput && l.hardware == name) (l.set == "in-sample" ? f.in_sample_lines : f.held_out_lines)++;
     if (f.in_sample_lines > 0) {
-      const std::vector<double> grid = scale_grid(0.50, 1.30);
+      // Coarse (0.02) over 0.5 .. 1.3, then the 0.005 grid around the best: every row is planned at
+      // every scale tried, so the full fine grid would cost three times as much.
+      std::vector<double> coarse;
+      for (double k = 0.50; k <= 1.30 + 1e-9; k += 0.02) coarse.push_back(k);
+      const double around = coarse[fit_one_parameter(errors_by_gemm_scale(fit_rows, coarse)).best];
+      const std::vector<double> grid = scale_grid(around - 0.02, around + 0.02);
       const OneParameterFit ff = fit_one_parameter(errors_by_gemm_scale(fit_rows, grid));
       f.scale = grid[ff.best], f.in_sample_mean = ff.mean;
     }
