@@ -64,6 +64,21 @@ template <class Run> double best_rate(double work, double budget, Run &&run) {
   return best;
 }
 
+// Times one call with the core caches evicted first (16 MiB written, untimed): a training step calls
+// each kernel after others have filled the caches with their own data.
+class ColdCaches {
+ public:
+  template <class Kernel> double time(Kernel &&kernel) {
+    for (size_t i = 0; i < evict_.size(); i += 16) evict_[i] += 1.0f;
+    const auto t0 = Clock::now();
+    kernel();
+    return seconds_since(t0);
+  }
+
+ private:
+  std::vector<float> evict_ = std::vector<float>(size_t{4} << 20);
+};
+
 // One GEMM shape's operands, filled with small non-zero values near 1 (as the peak probe: zeros or
 // denormals could take unrepresentative paths), and the call that runs it.
 struct GemmOperands {
@@ -100,17 +115,12 @@ plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
 // planner is to predict a step, not the machine's best moment.
 plan::MeasuredGemm time_layer_gemm(int64_t M, int64_t N, int64_t K, DType dtype, double budget, Allocator &alloc) {
   GemmOperands fwd(M, N, K, dtype, alloc), dx(M, K, N, dtype, alloc), dw(K, N, M, dtype, alloc);
-  std::vector<float> evict(size_t{4} << 20);
-  auto cold = [&](GemmOperands &g) {
-    for (size_t i = 0; i < evict.size(); i += 16) evict[i] += 1.0f;
-    const auto t0 = Clock::now();
-    g.run(alloc);
-    return seconds_since(t0);
-  };
+  ColdCaches cold;
   std::vector<double> times;
   const auto start = Clock::now();
   for (int rep = 0; (rep < 4 || seconds_since(start) < budget) && rep <= 1000; ++rep) {
-    const double t = cold(fwd) + cold(dx) + cold(dw);
+    const double t = cold.time([&] { fwd.run(alloc); }) + cold.time([&] { dx.run(alloc); }) +
+                     cold.time([&] { dw.run(alloc); });
     if (rep > 0) times.push_back(t);  // the first calls create the primitives
   }
   std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
@@ -160,19 +170,13 @@ std::pair<std::vector<int64_t>, double> time_attention(int64_t B, int64_t T, int
   std::vector<float> qkv(qkv_n), out(out_n), lse(rows * H), dout(out_n), dqkv(qkv_n);
   for (size_t i = 0; i < qkv_n; ++i) qkv[i] = 0.02f * static_cast<float>(static_cast<int>(i * 2654435761u % 97) - 48);
   for (size_t i = 0; i < out_n; ++i) dout[i] = 0.01f * static_cast<float>(static_cast<int>(i * 40503u % 89) - 44);
-  std::vector<float> evict(size_t{4} << 20);
-  auto cold = [&](auto &&kernel) {
-    for (size_t i = 0; i < evict.size(); i += 16) evict[i] += 1.0f;
-    const auto t0 = Clock::now();
-    kernel();
-    return seconds_since(t0);
-  };
+  ColdCaches cold;
   const double flops = kernels::attention_cost(s, false).flops + kernels::attention_cost(s, true).flops;
   std::vector<double> rates;
   const auto start = Clock::now();
   for (int rep = 0; (rep < 4 || seconds_since(start) < budget) && rep <= 1000; ++rep) {
-    const double t = cold([&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc); }) +
-                     cold([&] {
+    const double t = cold.time([&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc); }) +
+                     cold.time([&] {
                        kernels::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s,
                                                    alloc);
                      });

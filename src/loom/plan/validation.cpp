@@ -83,6 +83,8 @@ double constant_value(const ValidationLine& line, const Throughput& x, double u)
 // virtual stages); the planner picks the rest within the row's software profile. The published run
 // ran, so a memory model that says its layout does not fit must not stop its time being predicted: the
 // layout is then planned with the memory check lifted and `over_memory` set (reported beside the line).
+constexpr double kMemoryLifted = 1024;  // device memory times this: no stated layout is refused for it
+
 Candidate plan_row_as_stated(const ValidationRow& r, bool& over_memory) {
   over_memory = false;
   try {
@@ -90,7 +92,7 @@ Candidate plan_row_as_stated(const ValidationRow& r, bool& over_memory) {
   } catch (const ConfigError&) {
   }
   Job lifted = r.job;
-  lifted.cluster.hw.device.memory_bytes *= 1024;
+  lifted.cluster.hw.device.memory_bytes *= kMemoryLifted;
   try {
     over_memory = true;
     return search(lifted, r.fixed, 1).ranked.front();
@@ -143,7 +145,7 @@ void evaluate(const std::vector<ValidationRow>& rows, double gemm_scale, Validat
       if (over_memory) {
         rep.lines.back().memory_note =
             fmt::format("memory model: {:.1f} of {:.1f} GiB usable", k.memory.total / double(1 << 30),
-                        k.memory.usable / 1024 / double(1 << 30));
+                        k.memory.usable / kMemoryLifted / double(1 << 30));
         rep.over_memory.push_back(r.name);
       }
       thr.push_back({rep.lines.size() - 1, tokens * flops_per_token(r.job.model, r.job.seq), double(devices),
@@ -378,6 +380,7 @@ SetErrors set_errors(const ValidationReport& rep, const std::vector<Throughput>&
   }
   const OneParameterFit fit = fit_one_parameter(errors);
   e.constant_utilisation = utilisations[fit.best];
+  e.constant_loo_mean = fit.loo_mean;
   for (size_t k = 0; k < subset.size(); ++k) {
     const auto& l = rep.lines[thr[subset[k]].line];
     e.mean += l.error() / static_cast<double>(subset.size());
@@ -425,19 +428,8 @@ ValidationReport validate(const std::vector<ValidationRow>& parsed) {
   rep.constant_utilisation = every.constant_utilisation;
   rep.throughput_mean = every.mean, rep.throughput_worst = every.worst;
   rep.constant_mean = every.constant_mean, rep.constant_worst = every.constant_worst;
+  rep.constant_loo_mean = every.constant_loo_mean;
   for (auto& x : thr) rep.lines[x.line].constant = constant_value(rep.lines[x.line], x, rep.constant_utilisation);
-  {
-    std::vector<std::vector<double>> constant_errors;
-    for (double u = 0.10; u <= 0.90; u += 0.0005) {
-      auto& errs = constant_errors.emplace_back();
-      for (auto& x : thr) {
-        ValidationLine l = rep.lines[x.line];
-        l.constant = constant_value(l, x, u);
-        errs.push_back(l.constant_error());
-      }
-    }
-    rep.constant_loo_mean = fit_one_parameter(constant_errors).loo_mean;
-  }
   for (const char* set : {"in-sample", "held-out"}) {
     std::vector<size_t> subset;
     for (size_t i = 0; i < thr.size(); ++i)

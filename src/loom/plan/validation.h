@@ -54,6 +54,7 @@ struct SetErrors {
   int lines = 0;
   double mean = 0, worst = 0;
   double constant_utilisation = 0, constant_mean = 0, constant_worst = 0;
+  double constant_loo_mean = 0;  // each line predicted with the utilisation that fits the others best
   double ratio() const { return constant_mean > 0 ? mean / constant_mean : 0; }
 };
 
