@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "loom/core/allocator.h"
@@ -48,7 +49,8 @@ const Roof& roof() {
 
 // Times `run` (wall time: the kernels run on every OpenMP thread) and sets the counters from the kernel's
 // declared cost per call: GFLOP and GB per second, and roof%.
-void measure(benchmark::State& state, const kernels::KernelCost& cost, DType dtype, const std::function<void()>& run) {
+void measure(benchmark::State& state, const kernels::KernelCost& cost, DType dtype, const std::function<void()>& run,
+             const std::string& label_prefix = "") {
   run();  // first touch, primitive creation
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
@@ -63,7 +65,7 @@ void measure(benchmark::State& state, const kernels::KernelCost& cost, DType dty
   state.counters["GFLOP"] = benchmark::Counter(cost.flops * n / 1e9, benchmark::Counter::kIsRate);
   state.counters["GB"] = benchmark::Counter(cost.bytes * n / 1e9, benchmark::Counter::kIsRate);
   state.counters["roof%"] = 100 * std::max(t_compute, t_memory) / per_call;
-  state.SetLabel(t_compute >= t_memory ? "compute-bound" : "memory-bound");
+  state.SetLabel(label_prefix + (t_compute >= t_memory ? "compute-bound" : "memory-bound"));
 }
 
 std::vector<float> filled(int64_t n, float scale = 0.01f) {
@@ -97,25 +99,32 @@ void BM_gemm(benchmark::State& state, DType dtype) {
 BENCHMARK_CAPTURE(BM_gemm, f32, DType::F32)->Arg(3 * kModel)->Arg(kFf)->Arg(kVocab)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_gemm, bf16, DType::BF16)->Arg(3 * kModel)->Arg(kFf)->Arg(kVocab)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Causal attention, forward and backward, at mini's shape (B 8, T 256) and at T 1024 / 2048 (one sequence).
-void BM_attention(benchmark::State& state, bool backward) {
+// Causal attention, forward and backward, at mini's shape (B 8, T 256) and at T 1024 / 2048 (one
+// sequence): the f32 kernels and the bf16 ones (bf16 operands, f32 accumulation; the f32 kernels where
+// the CPU has no bf16 dot products), each against its dtype's peak. The label names the path that ran.
+void BM_attention(benchmark::State& state, bool backward, bool bf16) {
   const int64_t T = state.range(0), B = T == 256 ? 8 : 1, H = 6, D = 64;
-  kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D))};
+  kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D)), .bf16 = bf16};
   const int64_t rows = B * T;
   auto qkv = filled(rows * 3 * H * D, 0.02f), dout = filled(rows * H * D);
   std::vector<float> out(static_cast<size_t>(rows * H * D)), lse(static_cast<size_t>(rows * H)), dqkv(qkv.size());
   Allocator alloc;
   kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc);
+  const kernels::AttentionPath path = kernels::attention_path(bf16);
+  const DType peak = path == kernels::AttentionPath::Bf16Avx512 ? DType::BF16 : DType::F32;
+  const std::string label = std::string(kernels::attention_path_name(path)) + ", ";
   if (!backward)
-    measure(state, kernels::attention_cost(s, false), DType::F32,
-            [&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc); });
+    measure(state, kernels::attention_cost(s, false), peak,
+            [&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc); }, label);
   else
-    measure(state, kernels::attention_cost(s, true), DType::F32, [&] {
+    measure(state, kernels::attention_cost(s, true), peak, [&] {
       kernels::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc);
-    });
+    }, label);
 }
-BENCHMARK_CAPTURE(BM_attention, fwd, false)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_attention, bwd, true)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, fwd_f32, false, false)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, bwd_f32, true, false)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, fwd_bf16, false, true)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, bwd_bf16, true, true)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_layernorm(benchmark::State& state, bool backward) {
   auto x = filled(kRows * kModel), dy = filled(kRows * kModel), w = filled(kModel, 1.0f), b = filled(kModel);

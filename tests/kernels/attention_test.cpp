@@ -239,6 +239,163 @@ TEST(Attention, RefBackwardMatchesFloat64OnGqa) { check_backward(Impl::Ref, gqa_
 TEST(Attention, FastBackwardMatchesFloat64OnMha) { check_backward(Impl::Fast, mha_shapes()); }
 TEST(Attention, FastBackwardMatchesFloat64OnGqa) { check_backward(Impl::Fast, gqa_shapes()); }
 
+// Forward and backward at 1, 2 and 3 threads (B*KVH = 1: one thread runs the by-kv-head schedule,
+// more the two-pass one) give bitwise equal results.
+void expect_results_independent_of_thread_count(bool bf16) {
+  const uint32_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (AttentionShape s : {make_shape(1, 200, 3, 1, 64), make_shape(1, 100, 2, 1, 20)}) {
+    s.bf16 = bf16;
+    SCOPED_TRACE(describe(s));
+    const std::vector<float> qkv = random_vector(qkv_size(s), rng);
+    const std::vector<float> dout = random_vector(out_size(s), rng);
+    std::vector<std::vector<float>> outs, grads;
+    for (int n : {1, 2, 3}) {
+      const Threads threads(n);
+      std::vector<float> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s));
+      Allocator alloc;
+      attention_forward(out.data(), lse.data(), qkv.data(), s, alloc);
+      attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc);
+      outs.push_back(out);
+      grads.push_back(dqkv);
+    }
+    for (size_t n = 1; n < outs.size(); ++n) {
+      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[n].data(), outs[0].size() * sizeof(float))) << n + 1 << " threads";
+      EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[n].data(), grads[0].size() * sizeof(float)))
+          << n + 1 << " threads";
+    }
+  }
+}
+
+// ---- every instruction path (forced), f32 and bf16 ----
+
+// Forward and backward of one path against float64 on fresh draws of each shape. `round_inputs`
+// rounds qkv and dout to bf16 first, so that a bf16 path's only error is its own rounding of P and dS.
+struct PathErrors {
+  double out = 0, lse = 0, dqkv = 0;
+};
+void check_path(AttentionPath path, bool bf16, const std::vector<AttentionShape>& shapes, double rtol, double lse_rtol,
+                double grad_rtol, bool round_inputs = false) {
+  const uint32_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", path " + attention_path_name(path));
+  std::mt19937 rng(seed);
+  auto to_bf16 = [](std::vector<float>& v) {
+    for (float& x : v) {
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+      std::memcpy(&x, &u, 4);
+    }
+  };
+  for (AttentionShape s : shapes) {
+    s.bf16 = bf16;
+    SCOPED_TRACE(describe(s));
+    std::vector<float> qkv = random_vector(qkv_size(s), rng), dout = random_vector(out_size(s), rng);
+    if (round_inputs) to_bf16(qkv), to_bf16(dout);
+    std::vector<float> out(out_size(s), NAN), lse(lse_size(s), NAN), dqkv(qkv_size(s), NAN);
+    Allocator alloc;
+    attention_forward(out.data(), lse.data(), qkv.data(), s, alloc, path);
+    attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc, path);
+    const Forward64 want = naive_forward(s, qkv);
+    expect_close(out, want.out, rtol, "out");
+    expect_close(lse, want.lse, lse_rtol, "lse", kLseScale);
+    expect_close(dqkv, naive_backward(s, qkv, dout), grad_rtol, "dqkv");
+  }
+}
+
+std::vector<AttentionShape> all_shapes() {
+  std::vector<AttentionShape> v = mha_shapes();
+  v.insert(v.end(), gqa_shapes().begin(), gqa_shapes().end());
+  return v;
+}
+
+// bf16 tolerances, relative to |want| + the tensor's RMS as above, for the worst element of a tensor.
+// Rounding the inputs to bf16 (2^-9 relative) moves every score and product by that much; over 40
+// seeds the worst elements came to 0.040 (out), 0.0046 (lse) and 0.063 (dqkv), so the bounds are
+// ~1.5x that. On inputs that are bf16 already only the kernel's own rounding of P and dS remains: worst
+// 0.0092, 9e-8 and 0.024 -- the sharper check that the kernel adds nothing beyond bf16 operands.
+constexpr double kBf16Rtol = 6e-2, kBf16LseRtol = 8e-3, kBf16GradRtol = 1e-1;
+constexpr double kBf16OwnRtol = 2e-2, kBf16OwnLseRtol = 1e-6, kBf16OwnGradRtol = 4e-2;
+
+TEST(Attention, EveryF32PathMatchesFloat64) {
+  for (AttentionPath p : {AttentionPath::F32Avx512, AttentionPath::F32Avx2, AttentionPath::F32Sse2}) {
+    if (!attention_path_supported(p)) {
+      std::cout << "skipped on this CPU: " << attention_path_name(p) << "\n";
+      continue;
+    }
+    check_path(p, false, all_shapes(), kRtol, kRtol, kGradRtol);
+    // bf16 = true changes nothing on an f32 path (what runs where the CPU has no bf16 dot products).
+    check_path(p, true, all_shapes(), kRtol, kRtol, kGradRtol);
+  }
+}
+
+TEST(Attention, Bf16PathMatchesFloat64AtBf16Tolerance) {
+  if (!attention_path_supported(AttentionPath::Bf16Avx512)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  check_path(AttentionPath::Bf16Avx512, true, all_shapes(), kBf16Rtol, kBf16LseRtol, kBf16GradRtol);
+  check_path(AttentionPath::Bf16Avx512, true, all_shapes(), kBf16OwnRtol, kBf16OwnLseRtol, kBf16OwnGradRtol,
+             /*round_inputs=*/true);
+  // Peaked scores: a new running maximum in a later key tile rescales the bf16 products' sums too.
+  check_path(AttentionPath::Bf16Avx512, true, {make_shape(1, 200, 2, 1, 32)}, kBf16Rtol, kBf16LseRtol, kBf16GradRtol);
+}
+
+// The bf16 backward's two schedules (one thread: by kv head, its tiles packed up front; two or three:
+// two passes, tiles packed per pair) add the same rounded products in the same order: bitwise equal
+// results, as on the f32 paths.
+TEST(Attention, Bf16ResultsDoNotDependOnThreadCount) {
+  if (!attention_path_supported(AttentionPath::Bf16Avx512)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  expect_results_independent_of_thread_count(true);
+}
+
+// LOOM_MAX_CPU_ISA caps the paths (and DNNL_MAX_CPU_ISA when it is unset); a forced path above the cap
+// is refused with the reason, and an unknown cap value names the valid ones.
+TEST(Attention, TheIsaCapPicksAndRefusesPaths) {
+  struct Env {
+    const char* name;
+    std::string old;
+    bool had;
+    Env(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
+      if (had) old = std::getenv(n);
+      setenv(n, v, 1);
+    }
+    ~Env() { had ? setenv(name, old.c_str(), 1) : unsetenv(name); }
+  };
+  const AttentionShape s = make_shape(1, 8, 1, 1, 16);
+  std::vector<float> qkv(qkv_size(s), 0.5f), out(out_size(s)), lse(lse_size(s));
+  Allocator alloc;
+  {
+    Env cap("LOOM_MAX_CPU_ISA", "sse2");
+    EXPECT_EQ(attention_path(true), AttentionPath::F32Sse2);
+    EXPECT_EQ(attention_path(false), AttentionPath::F32Sse2);
+    try {
+      attention_forward(out.data(), lse.data(), qkv.data(), s, alloc, AttentionPath::F32Avx2);
+      ADD_FAILURE() << "a path above the cap must be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs avx2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("offers sse2"), std::string::npos) << e.what();
+    }
+  }
+  {
+    Env cap("LOOM_MAX_CPU_ISA", "avx-9000");
+    try {
+      attention_path(false);
+      ADD_FAILURE() << "an unknown cap must be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("use sse2, avx2, avx512, avx512_bf16 or amx"), std::string::npos);
+    }
+  }
+  if (attention_path_supported(AttentionPath::F32Avx2)) {
+    Env dnnl("DNNL_MAX_CPU_ISA", "AVX2");
+    EXPECT_EQ(attention_path(true), AttentionPath::F32Avx2) << "oneDNN's cap applies when Loom's is unset";
+  }
+  if (attention_path_supported(AttentionPath::Bf16Avx512)) {
+    EXPECT_EQ(attention_path(true), AttentionPath::Bf16Avx512);
+    EXPECT_EQ(attention_path(false), AttentionPath::F32Avx512);
+    Env cap("LOOM_MAX_CPU_ISA", "avx512");
+    EXPECT_EQ(attention_path(true), AttentionPath::F32Avx512) << "no bf16 dot products under an avx512 cap";
+  }
+}
+
 // Scores of several units make the softmax peaked, so the online rescaling (a new running maximum
 // in a later key tile) matters: the fast forward must still agree with float64.
 TEST(Attention, FastForwardMatchesFloat64WithPeakedScores) {
@@ -309,31 +466,7 @@ TEST(Attention, FastBackwardIsBitwiseDeterministic) {
 
 // With B*KVH = 1 item, one thread runs the by-kv-head schedule and two or three threads the two-pass
 // one; they sum in the same order, so the gradients agree to the bit (and the forward trivially).
-TEST(Attention, FastResultsDoNotDependOnThreadCount) {
-  const uint32_t seed = test_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  for (const AttentionShape& s : {make_shape(1, 200, 3, 1, 64), make_shape(1, 100, 2, 1, 20)}) {
-    SCOPED_TRACE(describe(s));
-    const std::vector<float> qkv = random_vector(qkv_size(s), rng);
-    const std::vector<float> dout = random_vector(out_size(s), rng);
-    std::vector<std::vector<float>> outs, grads;
-    for (int n : {1, 2, 3}) {
-      const Threads threads(n);
-      std::vector<float> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s));
-      Allocator alloc;
-      attention_forward(out.data(), lse.data(), qkv.data(), s, alloc);
-      attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc);
-      outs.push_back(out);
-      grads.push_back(dqkv);
-    }
-    for (size_t n = 1; n < outs.size(); ++n) {
-      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[n].data(), outs[0].size() * sizeof(float))) << n + 1 << " threads";
-      EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[n].data(), grads[0].size() * sizeof(float)))
-          << n + 1 << " threads";
-    }
-  }
-}
+TEST(Attention, FastResultsDoNotDependOnThreadCount) { expect_results_independent_of_thread_count(false); }
 
 // ---- long sequences: workspace linear in T, results right on sampled rows ----
 

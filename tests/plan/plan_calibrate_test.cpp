@@ -57,6 +57,7 @@ TEST(Calibrate, QuickRunWritesAHardwareFileThatPlansAccept) {
   EXPECT_LE(hw.efficiency.gemm_max, 1);
   // Loom's own attention and element-wise kernels were measured too.
   EXPECT_GT(hw.device.attention_flops, 0);
+  EXPECT_GT(hw.device.attention_bf16_flops, 0) << "the bf16 kernels (the f32 ones without bf16 dot products)";
   EXPECT_GT(hw.efficiency.memory, 0);
   EXPECT_LE(hw.efficiency.memory, 1);
   std::ifstream in(file);
@@ -102,16 +103,22 @@ TEST(Calibrate, LinkFitRecoversAKnownAlphaBeta) {
   EXPECT_THROW(fit_link({}), ConfigError);
 }
 
-// Loom's measured kernels become hardware figures: the median attention rate, and the element-wise
-// kernels' streaming rate over the triad's as the memory efficiency; they round-trip through TOML and
-// slow the planner's attention and memory-bound time exactly where measured.
-TEST(Calibrate, LoomsOwnKernelsBecomeTheAttentionRateAndTheMemoryEfficiency) {
+// A calibration with a few GEMM and stream samples, as the kernel tests below extend it.
+Calibration small_calibration() {
   Calibration c;
   c.device_name = "test cpu";
   c.peak_f32 = 1e11, c.peak_bf16 = 2e11, c.memory_bytes = 8.0 * (1 << 30);
   c.bf16 = {{512, 512, 512, 1.6e11}, {64, 64, 64, 4e10}};
   c.f32 = {{512, 512, 512, 8e10}};
   c.stream = {{double(1 << 30), 40e9}};
+  return c;
+}
+
+// Loom's measured kernels become hardware figures: the median attention rate, and the element-wise
+// kernels' streaming rate over the triad's as the memory efficiency; they round-trip through TOML and
+// slow the planner's attention and memory-bound time exactly where measured.
+TEST(Calibrate, LoomsOwnKernelsBecomeTheAttentionRateAndTheMemoryEfficiency) {
+  Calibration c = small_calibration();
   c.attention = {{{4, 256, 6, 64}, 3e10}, {{1, 1024, 8, 64}, 5e10}, {{1, 2048, 8, 128}, 4e10}};
   c.elementwise_bytes_per_s = 30e9;
   Hardware hw = hardware_from_calibration(c);
@@ -132,6 +139,34 @@ TEST(Calibrate, LoomsOwnKernelsBecomeTheAttentionRateAndTheMemoryEfficiency) {
   EXPECT_DOUBLE_EQ(measured.compute, curve.compute);
   c.attention.clear(), c.elementwise_bytes_per_s = 0;
   EXPECT_DOUBLE_EQ(hardware_from_calibration(c).efficiency.memory, 1.0) << "not measured: the triad is the rate";
+}
+
+// The bf16 attention kernels get their own measured rate: bf16 (and fp8) jobs run it, f32 jobs the
+// f32 one, and a file without it prices both precisions at attention_tflops.
+TEST(Calibrate, Bf16TrainingIsPricedAtTheBf16AttentionKernelsRate) {
+  Calibration c = small_calibration();
+  c.attention = {{{4, 256, 6, 64}, 2e10}};
+  c.attention_bf16 = {{{4, 256, 6, 64}, 3e10}, {{1, 1024, 8, 64}, 5e10}, {{1, 2048, 8, 128}, 4e10}};
+  Hardware hw = hardware_from_calibration(c);
+  EXPECT_DOUBLE_EQ(hw.device.attention_bf16_flops, 4e10);
+  Hardware back = parse_hardware(hardware_to_toml(hw, "test", {}), "rt.toml");
+  EXPECT_NEAR(back.device.attention_bf16_flops, 4e10, 1e4);
+  EXPECT_DOUBLE_EQ(back.device.attention_rate(true), back.device.attention_bf16_flops);
+  EXPECT_DOUBLE_EQ(back.device.attention_rate(false), back.device.attention_flops);
+
+  Job j;
+  j.model = plan_model("mini");
+  j.cluster = {hw, 1};
+  j.seq = 256, j.global_batch = 8;
+  const Layout l{.micro_batch = 8};
+  j.precision = "bf16";
+  const double bf16_attention = step_time(l, j).attention;
+  j.precision = "f32";
+  const double f32_attention = step_time(l, j).attention;
+  EXPECT_NEAR(f32_attention / bf16_attention, 2.0, 1e-9) << "attention is priced at 20 vs 40 GFLOP/s";
+  j.cluster.hw.device.attention_bf16_flops = 0;
+  j.precision = "bf16";
+  EXPECT_DOUBLE_EQ(step_time(l, j).attention, f32_attention) << "no bf16 rate: attention_tflops for both";
 }
 
 

@@ -163,9 +163,9 @@ std::vector<plan::MeasuredGemm> time_model_gemms(const std::string &config, doub
 // have filled the caches with their own data, so each call here starts with the core caches evicted
 // (16 MiB written in between, untimed): warm, back-to-back calls ran 1.25x faster than the same kernel
 // inside `mini`'s step, cold ones within a few percent of it. Inputs are small random-looking values.
-std::pair<std::vector<int64_t>, double> time_attention(int64_t B, int64_t T, int64_t H, int64_t D, double budget,
-                                                       Allocator &alloc) {
-  kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D))};
+std::pair<std::vector<int64_t>, double> time_attention(int64_t B, int64_t T, int64_t H, int64_t D, bool bf16,
+                                                       double budget, Allocator &alloc) {
+  kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D)), .bf16 = bf16};
   const size_t rows = static_cast<size_t>(B * T), qkv_n = rows * 3 * H * D, out_n = rows * H * D;
   std::vector<float> qkv(qkv_n), out(out_n), lse(rows * H), dout(out_n), dqkv(qkv_n);
   for (size_t i = 0; i < qkv_n; ++i) qkv[i] = 0.02f * static_cast<float>(static_cast<int>(i * 2654435761u % 97) - 48);
@@ -320,12 +320,16 @@ int run_calibrate(const CalibrateOptions &o) {
   for (size_t bytes : arrays)
     cal.stream.push_back(time_triad(bytes, o.quick ? 2 : 4));
   // Loom's own non-GEMM kernels: attention at a `mini`-like and a longer shape, GeLU past the caches.
-  if (o.quick) {
-    cal.attention.push_back(time_attention(1, 64, 2, 32, budget, alloc));
-  } else {
-    cal.attention.push_back(time_attention(4, 256, 6, 64, budget, alloc));
-    cal.attention.push_back(time_attention(1, 1024, 8, 64, budget, alloc));
-    cal.attention.push_back(time_attention(1, 2048, 8, 128, budget, alloc));
+  // Both precisions' kernels (bf16 training runs bf16 dot products where the CPU has them).
+  for (bool bf16 : {false, true}) {
+    auto &into = bf16 ? cal.attention_bf16 : cal.attention;
+    if (o.quick) {
+      into.push_back(time_attention(1, 64, 2, 32, bf16, budget, alloc));
+    } else {
+      into.push_back(time_attention(4, 256, 6, 64, bf16, budget, alloc));
+      into.push_back(time_attention(1, 1024, 8, 64, bf16, budget, alloc));
+      into.push_back(time_attention(1, 2048, 8, 128, bf16, budget, alloc));
+    }
   }
   for (const auto &config : o.models) {
     auto gemms = time_model_gemms(config, o.quick ? 0.01 : 0.2, alloc);

@@ -22,7 +22,7 @@ plan::Hardware rank_device(const plan::Hardware& machine, int world, std::string
   if (machine.devices_per_node == 1 && world > 1) {
     const double w = world;
     hw.device.peak_f32 /= w, hw.device.peak_bf16 /= w, hw.device.peak_fp8 /= w;
-    hw.device.attention_flops /= w;
+    hw.device.attention_flops /= w, hw.device.attention_bf16_flops /= w;
     for (auto& g : hw.gemm_table) g.flops_per_s /= w;  // measured with every core, as the peaks
     hw.device.memory_bandwidth /= w, hw.device.memory_bytes /= w;
     hw.devices_per_node = world;

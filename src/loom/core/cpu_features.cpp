@@ -2,8 +2,13 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+
+#include "loom/error.h"
 
 namespace loom {
 
@@ -44,7 +49,58 @@ CpuFeatures probe() {
   }
   return f;
 }
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// oneDNN's names (SSE41, AVX2, AVX512_CORE, AVX512_CORE_BF16, AVX512_CORE_AMX, ALL, ...) mapped to the
+// kernels Loom has for them; oneDNN ignores a value it does not know, and so does this.
+KernelIsa from_dnnl(std::string v) {
+  v = lower(v);
+  if (v.find("amx") != std::string::npos) return KernelIsa::Amx;
+  if (v.find("avx512") != std::string::npos)
+    return v.find("bf16") != std::string::npos || v.find("fp16") != std::string::npos ? KernelIsa::Avx512Bf16
+                                                                                     : KernelIsa::Avx512;
+  if (v.find("avx2") != std::string::npos) return KernelIsa::Avx2;
+  if (v == "sse41" || v == "avx") return KernelIsa::Sse2;
+  return KernelIsa::Amx;
+}
+
+KernelIsa isa_cap() {
+  if (const char* env = std::getenv("LOOM_MAX_CPU_ISA"); env != nullptr && *env != '\0') {
+    const std::string v = lower(env);
+    for (KernelIsa isa : {KernelIsa::Sse2, KernelIsa::Avx2, KernelIsa::Avx512, KernelIsa::Avx512Bf16, KernelIsa::Amx})
+      if (v == kernel_isa_name(isa)) return isa;
+    throw Error("LOOM_MAX_CPU_ISA=" + std::string(env) +
+                " is not an instruction set Loom's kernels know: use sse2, avx2, avx512, avx512_bf16 or amx");
+  }
+  if (const char* env = std::getenv("DNNL_MAX_CPU_ISA"); env != nullptr && *env != '\0') return from_dnnl(env);
+  return KernelIsa::Amx;
+}
 }  // namespace
+
+const char* kernel_isa_name(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::Sse2: return "sse2";
+    case KernelIsa::Avx2: return "avx2";
+    case KernelIsa::Avx512: return "avx512";
+    case KernelIsa::Avx512Bf16: return "avx512_bf16";
+    case KernelIsa::Amx: return "amx";
+  }
+  return "?";
+}
+
+KernelIsa CpuFeatures::best_kernel_isa() const {
+  if (avx512f && avx512bw && fma) {
+    if (avx512_bf16) return amx_bf16 && amx_tile ? KernelIsa::Amx : KernelIsa::Avx512Bf16;
+    return KernelIsa::Avx512;
+  }
+  if (avx2 && fma) return KernelIsa::Avx2;
+  return KernelIsa::Sse2;
+}
+
+KernelIsa CpuFeatures::kernel_isa() const { return std::min(best_kernel_isa(), isa_cap()); }
 
 const CpuFeatures& CpuFeatures::detect() {
   static const CpuFeatures features = probe();

@@ -52,7 +52,9 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/cpu_features.h"
 #include "loom/error.h"
+#include "loom/kernels/detail/attention_bf16.h"
 #include "loom/kernels/detail/attention_simd.h"
 #include "loom/kernels/detail/attention_tiles.h"
 
@@ -67,7 +69,15 @@ struct KernelSet {
   void (*backward_key_tiles)(const Dims&, const BackwardArgs&, int64_t, int64_t, int64_t, int64_t, float*, float*,
                              float*);
   void (*backward_query_tile)(const Dims&, const BackwardArgs&, int64_t, int64_t, int64_t, float*);
+  int64_t (*forward_workspace)(int64_t Dp);                    // floats per thread
+  int64_t (*backward_tiles)(const Dims&, bool by_kv_head);     // floats per thread, besides dQ / D_t
+  // Optional: operands the forward packs once per call (into Dims::packed) before any query tile.
+  int64_t (*forward_packed)(const Dims&) = nullptr;            // floats
+  int64_t (*forward_pack_tasks)(const Dims&) = nullptr;
+  void (*forward_pack)(const Dims&, const float* qkv, float* packed, int64_t task) = nullptr;
 };
+
+constexpr int64_t f32_backward_tiles(const Dims& s, bool) { return backward_tile_floats(s.Dp); }
 
 #define LOOM_ATTN_KERNEL_SET(name, target_attr, W)                                                                   \
   target_attr void name##_forward_query_tile(const Dims& s, float* out, float* lse, const float* qkv, int64_t b,     \
@@ -82,23 +92,51 @@ struct KernelSet {
                                               float* ws) {                                                           \
     Simd<W>::backward_query_tile(s, a, b, h, i, ws);                                                                 \
   }                                                                                                                  \
-  constexpr KernelSet name##_kernels{name##_forward_query_tile, name##_backward_key_tiles, name##_backward_query_tile};
+  constexpr KernelSet name##_kernels{name##_forward_query_tile, name##_backward_key_tiles,                          \
+                                     name##_backward_query_tile, forward_workspace_floats, f32_backward_tiles};
 
 LOOM_ATTN_KERNEL_SET(avx512, __attribute__((target("avx512f,fma"))), 16)
 LOOM_ATTN_KERNEL_SET(avx2, __attribute__((target("avx2,fma"))), 8)
 LOOM_ATTN_KERNEL_SET(sse2, , 4)
+// attention_bf16.cpp: compiled for AVX512-BF16 as a whole.
+constexpr KernelSet bf16_avx512_kernels{bf16_forward_query_tile,       bf16_backward_key_tiles,
+                                        bf16_backward_query_tile,      bf16_forward_workspace_floats,
+                                        bf16_backward_tile_floats,     bf16_forward_packed_floats,
+                                        bf16_forward_pack_tasks,       bf16_forward_pack};
 
-const KernelSet& kernels() {
-  static const KernelSet& chosen = []() -> const KernelSet& {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return avx512_kernels;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2_kernels;
-    return sse2_kernels;
-  }();
-  return chosen;
+KernelIsa isa_needed(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::F32Sse2: return KernelIsa::Sse2;
+    case AttentionPath::F32Avx2: return KernelIsa::Avx2;
+    case AttentionPath::F32Avx512: return KernelIsa::Avx512;
+    case AttentionPath::Bf16Avx512: return KernelIsa::Avx512Bf16;
+  }
+  return KernelIsa::Amx;
 }
 
-// The by-kv-head schedule keeps dQ of a whole group (group x T x D floats) per thread. Past this size
+// The path a call runs: the one asked for (refused if this CPU cannot run it), else the best for
+// the precision.
+AttentionPath resolve(const AttentionShape& s, std::optional<AttentionPath> forced, const char* op) {
+  if (!forced) return attention_path(s.bf16);
+  if (!attention_path_supported(*forced))
+    throw Error(std::string(op) + ": the " + attention_path_name(*forced) + " path needs " +
+                kernel_isa_name(isa_needed(*forced)) + ", and this CPU (capped by LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) " +
+                "offers " + kernel_isa_name(CpuFeatures::detect().kernel_isa()));
+  return *forced;
+}
+
+const KernelSet& kernels(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::Bf16Avx512: return bf16_avx512_kernels;
+    case AttentionPath::F32Avx512: return avx512_kernels;
+    case AttentionPath::F32Avx2: return avx2_kernels;
+    case AttentionPath::F32Sse2: break;
+  }
+  return sse2_kernels;
+}
+
+// The by-kv-head schedule keeps dQ of a whole group (group x T x D floats) per thread (and the bf16
+// kernels their item's packed operands, ~2x that). Past this size
 // (e.g. T = 32K, D = 128, group 4) the two-pass schedule, whose workspace does not grow with T, is
 // used instead: very long sequences pay 2/5 more work rather than a workspace the size of the
 // activations per thread.
@@ -117,12 +155,42 @@ constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape, Allocator& alloc) {
+const char* attention_path_name(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::F32Sse2: return "f32 (sse2)";
+    case AttentionPath::F32Avx2: return "f32 (avx2)";
+    case AttentionPath::F32Avx512: return "f32 (avx512)";
+    case AttentionPath::Bf16Avx512: return "bf16 dot products (avx512_bf16)";
+  }
+  return "?";
+}
+
+bool attention_path_supported(AttentionPath p) { return isa_needed(p) <= CpuFeatures::detect().kernel_isa(); }
+
+AttentionPath attention_path(bool bf16) {
+  const KernelIsa isa = CpuFeatures::detect().kernel_isa();
+  if (bf16 && isa >= KernelIsa::Avx512Bf16) return AttentionPath::Bf16Avx512;
+  if (isa >= KernelIsa::Avx512) return AttentionPath::F32Avx512;
+  if (isa >= KernelIsa::Avx2) return AttentionPath::F32Avx2;
+  return AttentionPath::F32Sse2;
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape, Allocator& alloc,
+                       std::optional<AttentionPath> path) {
   validate(shape, "attention_forward");
-  const Dims s = make_dims(shape);
-  const KernelSet& kern = kernels();
+  Dims s = make_dims(shape);
+  const KernelSet& kern = kernels(resolve(shape, path, "attention_forward"));
   const int threads = std::max(1, omp_get_max_threads());
-  const int64_t per_thread = forward_workspace_floats(s.Dp);
+  Buffer packed;
+  if (kern.forward_pack != nullptr) {
+    packed = Buffer(alloc, static_cast<size_t>(kern.forward_packed(s)) * sizeof(float), MemCategory::Workspace);
+    float* p = static_cast<float*>(packed.data());
+    const int64_t tasks = kern.forward_pack_tasks(s);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) kern.forward_pack(s, qkv, p, t);
+    s.packed = p;
+  }
+  const int64_t per_thread = kern.forward_workspace(s.Dp);
   Buffer ws(alloc, static_cast<size_t>(threads * per_thread) * sizeof(float), MemCategory::Workspace);
   float* ws_base = static_cast<float*>(ws.data());
   const int64_t heads = s.B * s.H, items = heads * s.tiles;
@@ -140,18 +208,21 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv,
-                        const AttentionShape& shape, Allocator& alloc) {
+                        const AttentionShape& shape, Allocator& alloc, std::optional<AttentionPath> path) {
   validate(shape, "attention_backward");
   const Dims s = make_dims(shape);
-  const KernelSet& kern = kernels();
+  const KernelSet& kern = kernels(resolve(shape, path, "attention_backward"));
   const BackwardArgs a{dqkv, dout, out, lse, qkv};
   const int threads = std::max(1, omp_get_max_threads());
   const int64_t kv_heads = s.B * s.KVH;
-  const bool by_kv_head =
-      backward_by_kv_head(kv_heads, threads, s.group * s.T * s.Dp * static_cast<int64_t>(sizeof(float)));
+  // The by-kv-head item's own workspace: dQ of its group, and whatever its kernels pack up front.
+  const int64_t item_bytes =
+      (s.group * s.T * s.Dp + kern.backward_tiles(s, true) - kern.backward_tiles(s, false)) * int64_t{sizeof(float)};
+  const bool by_kv_head = backward_by_kv_head(kv_heads, threads, item_bytes);
   const int64_t dq_floats = by_kv_head ? s.group * s.T * s.Dp : 0;
   const int64_t di_floats = by_kv_head ? round_up(s.group * s.T, kPad) : 0;
-  const int64_t per_thread = backward_tile_floats(s.Dp) + dq_floats + di_floats;
+  const int64_t tile_floats = kern.backward_tiles(s, by_kv_head);
+  const int64_t per_thread = tile_floats + dq_floats + di_floats;
   Buffer ws(alloc, static_cast<size_t>(threads * per_thread) * sizeof(float), MemCategory::Workspace);
   float* ws_base = static_cast<float*>(ws.data());
 
@@ -159,7 +230,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
 #pragma omp parallel num_threads(threads)
     {
       float* mine = ws_base + omp_get_thread_num() * per_thread;
-      float* dQ = mine + backward_tile_floats(s.Dp);
+      float* dQ = mine + tile_floats;
       float* Di = dQ + dq_floats;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < kv_heads; ++k)

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "loom/core/allocator.h"
 #include "loom/kernels/kernel_cost.h"
@@ -19,12 +20,26 @@ namespace loom::kernels {
 struct AttentionShape {
   int64_t B = 1, T = 1, H = 1, KVH = 1, D = 1;
   float scale = 0;  // usually 1/sqrt(D)
+  // bf16 training: Q, K, V and dO are rounded to bf16 as tiles are loaded, and so are the
+  // probabilities and dS before they multiply V, dO, Q and K; products accumulate and the softmax
+  // statistics stay in f32 (FlashAttention-2's mixed precision). Where the CPU has no bf16 dot
+  // products the f32 kernels run instead. Inputs and outputs stay f32 either way.
+  bool bf16 = false;
 };
 
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s, Allocator& alloc);
+// The instruction paths, each forced by passing it (tests), else picked from the CPU capped by
+// LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA (CpuFeatures::kernel_isa) and the shape's precision.
+enum class AttentionPath { F32Sse2, F32Avx2, F32Avx512, Bf16Avx512 };
+const char* attention_path_name(AttentionPath p);  // e.g. "bf16 dot products (avx512_bf16)"
+AttentionPath attention_path(bool bf16);            // what a call with that precision runs here
+bool attention_path_supported(AttentionPath p);     // whether this CPU (and the ISA cap) can run p
+
+// `path` forces an instruction path (refused with an error if the CPU cannot run it).
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s, Allocator& alloc,
+                       std::optional<AttentionPath> path = std::nullopt);
 // Writes (does not accumulate) dqkv for all q, k and v columns.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv,
-                        const AttentionShape& s, Allocator& alloc);
+                        const AttentionShape& s, Allocator& alloc, std::optional<AttentionPath> path = std::nullopt);
 KernelCost attention_cost(const AttentionShape& s, bool backward);
 
 namespace ref {

@@ -57,7 +57,8 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
 }
 
 kernels::AttentionShape Transformer::attention_shape(int64_t B, int64_t T) const {
-  return {B, T, local_.heads, local_.kv_heads, cfg_.head_dim(), 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim()))};
+  return {B, T, local_.heads, local_.kv_heads, cfg_.head_dim(), 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim())),
+          lowp_};
 }
 
 ActivationContext Transformer::make_context(int64_t B, int64_t T) const {

@@ -103,6 +103,12 @@ Hardware hardware_from_calibration(const Calibration &c) {
       rates.push_back(rate);
     hw.device.attention_flops = median(rates);
   }
+  if (!c.attention_bf16.empty()) {
+    std::vector<double> rates;
+    for (auto &[shape, rate] : c.attention_bf16)
+      rates.push_back(rate);
+    hw.device.attention_bf16_flops = median(rates);
+  }
   return hw;
 }
 
@@ -192,7 +198,8 @@ std::string calibration_to_toml(const Calibration &c) {
       {{"device", "memory_GiB: physical memory of the machine. peak_tflops: "
                   "the GEMM peak named in the header (fp8: none).\n"
                   "attention_tflops: Loom's attention kernel, forward + backward (median "
-                  "of the shapes in [calibration])."},
+                  "of the shapes in [calibration]); attention_bf16_tflops: its bf16 kernels\n"
+                  "(what bf16 training runs; the f32 ones where this CPU has no bf16 dot products)."},
        {"node", "This CPU is one device."},
        {"intra_node", not_measured},
        {"inter_node", "NOT MEASURED: no network between machines is known; "
@@ -248,6 +255,9 @@ std::string calibration_to_toml(const Calibration &c) {
     out += fmt::format("attention_GFLOPs = {}\n",
                        list(c.attention, [](const auto &a) { return fmt::format("{:.4g}", a.second * 1e-9); }));
   }
+  if (!c.attention_bf16.empty())
+    out += fmt::format("attention_bf16_GFLOPs = {}\n",
+                       list(c.attention_bf16, [](const auto &a) { return fmt::format("{:.4g}", a.second * 1e-9); }));
   if (c.elementwise_bytes_per_s > 0)
     out += fmt::format("# Loom's element-wise kernels as a step mixes them (GeLU and LayerNorm forward and backward, AdamW) "
                        "over 64 MiB arrays: their declared bytes per second.\nelementwise_GBps = {:.4g}\n",

@@ -51,6 +51,7 @@ struct Calibration {
   // Loom's own kernels where they are not GEMMs: attention (forward + backward FLOP/s at each shape,
   // [B, T, H, D]) and its streaming element-wise kernels as a step mixes them (declared bytes per second).
   std::vector<std::pair<std::vector<int64_t>, double>> attention;
+  std::vector<std::pair<std::vector<int64_t>, double>> attention_bf16;  // its bf16 kernels, same shapes
   double elementwise_bytes_per_s = 0;
   // `loom calibrate --model CONFIG`: that model's layer GEMMs at the shapes its layouts run (hardware.h).
   std::vector<MeasuredGemm> engine_gemms;

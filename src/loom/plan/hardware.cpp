@@ -101,6 +101,9 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   hw.device.memory_bandwidth = r.number("device.memory_bandwidth_GBps") * G;
   hw.device.attention_flops = r.number("device.attention_tflops", false) * T;
   if (hw.device.attention_flops < 0) throw ConfigError(origin + ": 'device.attention_tflops' must not be negative");
+  hw.device.attention_bf16_flops = r.number("device.attention_bf16_tflops", false) * T;
+  if (hw.device.attention_bf16_flops < 0)
+    throw ConfigError(origin + ": 'device.attention_bf16_tflops' must not be negative");
   double per_node = r.number("node.devices");
   if (per_node < 1 || per_node > (1 << 20) || per_node != std::floor(per_node))  // checked before the cast to int
     throw ConfigError(fmt::format("{}: 'node.devices' = {} must be a positive integer", origin, per_node));
@@ -170,6 +173,8 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   out += fmt::format("peak_tflops = {{ bf16 = {:.6g}, fp8 = {:.6g}, f32 = {:.6g} }}\n", hw.device.peak_bf16 / T,
                      hw.device.peak_fp8 / T, hw.device.peak_f32 / T);
   if (hw.device.attention_flops > 0) out += fmt::format("attention_tflops = {:.6g}\n", hw.device.attention_flops / T);
+  if (hw.device.attention_bf16_flops > 0)
+    out += fmt::format("attention_bf16_tflops = {:.6g}\n", hw.device.attention_bf16_flops / T);
   out += "\n";
   out += section("node") + fmt::format("devices = {}\n\n", hw.devices_per_node);
   out += section("intra_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\ntopology = \"{}\"\n\n",

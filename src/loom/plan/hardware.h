@@ -39,6 +39,9 @@ struct DeviceSpec {
   // FLOP/s Loom's own attention kernel reaches, forward + backward (measured by `loom calibrate`); 0:
   // not measured, attention runs as flash attention on the GEMM curve.
   double attention_flops = 0;
+  // The same for its bf16 kernels (what bf16 and fp8 training run); 0: as attention_flops.
+  double attention_bf16_flops = 0;
+  double attention_rate(bool bf16) const { return bf16 && attention_bf16_flops > 0 ? attention_bf16_flops : attention_flops; }
 };
 
 // A GEMM shape measured on the device as a training step runs it (`loom calibrate --model`): the

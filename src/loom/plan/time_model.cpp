@@ -112,7 +112,8 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
     lc.attn_core += gemm16({s, S / 2, hd, b * heads}) + gemm16({s, hd, S / 2, b * heads});
     // A device whose attention kernel was measured (`loom calibrate`: Loom's own, on a CPU) runs it at
     // that rate when it is below the GEMM curve's.
-    if (hw.device.attention_flops > 0) lc.attn_core = std::max(lc.attn_core, (lc.flops - before) / hw.device.attention_flops);
+    const double rate = hw.device.attention_rate(j.precision != "f32");
+    if (rate > 0) lc.attn_core = std::max(lc.attn_core, (lc.flops - before) / rate);
   } else {
     lc.attn_core += gemm16({s, S, hd, b * heads}) + gemm16({s, hd, S, b * heads});
     lc.attn_core += b * heads * s * S * (sw.dropout ? 9.0 : 4.0) / bw;

@@ -180,6 +180,7 @@ struct Simd {
     for (int64_t r = 0; r < n; ++r) {
       float* o = dst + r * stride;
       const float* x = src + r * Dp;
+      prefetch_row(o + kPrefetchRows * stride, D, /*for_write=*/true);
       int64_t d = 0;
       for (; d + W <= D; d += W) store(o + d, load(x + d));
       for (; d < D; ++d) o[d] = x[d];
@@ -192,6 +193,8 @@ struct Simd {
     for (int64_t r = 0; r < n; ++r) {
       const float* a = dout + r * stride;
       const float* o = out + r * stride;
+      prefetch_row(a + kPrefetchRows * stride, D);
+      prefetch_row(o + kPrefetchRows * stride, D);
       V acc = V{};
       int64_t d = 0;
       for (; d + W <= D; d += W) acc += load(a + d) * load(o + d);
