@@ -40,6 +40,11 @@
 // and picked once at run time (the build has no -march flag; one width for all would not do: GCC
 // lowers 64-byte vectors on AVX2 through memory, 30x slower). exp is a polynomial (Cephes expf,
 // ~2 ulp) on whole vectors.
+//
+// bf16 (AttentionShape::bf16, what bf16 training asks for): the same items and schedules with bf16
+// operands on AVX512-BF16 dot products, in attention_bf16.cpp; on a CPU without them the f32 kernels
+// run. Each path can be forced (tests) and capped (LOOM_MAX_CPU_ISA); the choice is one table of entry
+// points (KernelSet), so the schedules here are shared by every path.
 #include "loom/kernels/attention.h"
 
 #include <omp.h>

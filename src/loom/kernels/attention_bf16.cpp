@@ -19,10 +19,17 @@
 //   backward P, dP    = Q K^T, dO V^T        A = Q / dO rows, B = K / V words transposed
 //            dV[c][d] += P^T dO, dK += dS^T Q A = P / dS as pairs of queries, B = dO / Q row pairs
 //            dQ[r][d] += dS K                A = dS rows (pairs along keys), B = K row pairs
-// Rounding is to nearest even (VCVTNEPS2BF16), done once per tile load: Q, K, V and dO as they are
+// Rounding is to nearest even (VCVTNE(2)PS2BF16), once per packed element: Q, K, V and dO as they are
 // packed, P and dS after the f32 softmax arithmetic -- where FlashAttention-2 rounds them on a GPU.
 // Every pair whose second member lies past the tile's last row is given a zero, so a partial tile
 // never multiplies stale workspace.
+//
+// When packing happens. The products are cheap enough here that packing per tile pair cost as much
+// as they did (rounding and strided reads of qkv); so the forward packs K rows and V row pairs of
+// every kv head once per call (a shared workspace a third of qkv's size at most, filled in parallel
+// before any query tile), and each by-kv-head backward item packs all of its kv head's and its query
+// heads' tiles once up front (per thread, O(T)); only the two-pass backward schedule, whose items see
+// a tile once or twice, still packs per tile pair. The softmax runs in base 2 (see exp2_ps).
 //
 // The file is compiled for AVX512-BF16 through a target pragma that starts after the includes, so
 // that only the functions defined here (all internal, plus the entry points) carry that target; the
