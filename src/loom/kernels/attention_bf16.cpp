@@ -31,7 +31,8 @@
 // heads' tiles once up front (per thread, O(T)); only the two-pass backward schedule, whose items see
 // a tile once or twice, still packs per tile pair. The softmax runs in base 2 (see exp2_ps).
 //
-// The file is compiled for AVX512-BF16 through a target pragma that starts after the includes, so
+// The file is compiled for AVX512-BF16 through a target pragma (GCC's, or clang's attribute push)
+// that starts after the includes, so
 // that only the functions defined here (all internal, plus the entry points) carry that target; the
 // f32 helpers of attention_simd.h are inlined into them.
 #include "loom/kernels/detail/attention_bf16.h"
@@ -49,9 +50,16 @@
 
 // GCC 12 warns that the undefined vector behind a zeroing intrinsic may be used uninitialized (a
 // known false positive of its headers).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if defined(__clang__)  // (the fuzz and sanitizer builds): clang spells the same region this way
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")
+#endif
 
 namespace loom::kernels::attention_detail {
 namespace {
@@ -165,6 +173,10 @@ LOOM_ATTN_INLINE __m512 mask_keys_after(__m512 x, int v, int64_t r) {
   const __mmask16 hidden = _mm512_cmpgt_epi32_mask(lane_index(v), _mm512_set1_epi32(static_cast<int>(r)));
   return _mm512_mask_blend_ps(hidden, x, _mm512_set1_ps(kMasked));
 }
+LOOM_ATTN_INLINE __m512 zero_keys_after(__m512 x, int v, int64_t r) {
+  const __mmask16 hidden = _mm512_cmpgt_epi32_mask(lane_index(v), _mm512_set1_epi32(static_cast<int>(r)));
+  return _mm512_mask_blend_ps(hidden, x, _mm512_setzero_ps());
+}
 // Diagonal tile, scores St[c][r] (lanes: queries r): key c is visible to queries r >= c only.
 LOOM_ATTN_INLINE __m512 mask_queries_before(__m512 x, int v, int64_t c) {
   const __mmask16 hidden = _mm512_cmplt_epi32_mask(lane_index(v), _mm512_set1_epi32(static_cast<int>(c)));
@@ -216,39 +228,54 @@ LOOM_ATTN_INLINE void dp_tile(float* C, int64_t ldc, const float* alpha, bool ac
       _mm512_storeu_ps(C + r * ldc + v * 16, accumulate || scale == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], sc));
 }
 
-template <int NV>
-LOOM_ATTN_INLINE void dp_cols(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
-                              const uint32_t* A, int64_t ars, int64_t aps, const uint32_t* B, int64_t ldb, int64_t nr,
-                              int64_t pairs) {
-  int64_t r = 0;
-  for (; r + kTileRows <= nr; r += kTileRows)
-    dp_tile<kTileRows, NV>(C + r * ldc, ldc, alpha ? alpha + r : nullptr, accumulate, scale, A + r * ars, ars, aps, B,
-                           ldb, pairs);
-  for (; r < nr; ++r)
-    dp_tile<1, NV>(C + r * ldc, ldc, alpha ? alpha + r : nullptr, accumulate, scale, A + r * ars, ars, aps, B, ldb,
-                   pairs);
-}
+// On a diagonal tile (query tile = key tile) half of every product is causally masked: a row block
+// needs only the columns or the reduction pairs on its side of the diagonal. Skipping the rest adds
+// exactly what the masked zeros would have (nothing), so results are unchanged; what is skipped is
+// left stale, and every reader masks it by selection (mask_*), never by arithmetic on it.
+enum class Causal {
+  None,
+  ColsFromRow,   // rows keys c, columns queries r: only r >= c
+  ColsToRow,     // rows queries r, columns keys c: only c <= r
+  PairsToRow,    // rows queries r, reduction over keys c: only c <= r
+  PairsFromRow,  // rows keys c, reduction over queries r: only r >= c
+};
 
-// The product above for nr rows and `cols` columns (a multiple of 16), in chunks of 4 vectors.
-LOOM_ATTN_INLINE void dp_matmul(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
-                                const uint32_t* A, int64_t ars, int64_t aps, const uint32_t* B, int64_t ldb,
-                                int64_t nr, int64_t pairs, int64_t cols) {
-  for (int64_t c0 = 0; c0 < cols; c0 += 64) {
-    switch (std::min<int64_t>(4, (cols - c0) / 16)) {
-      case 4:
-        dp_cols<4>(C + c0, ldc, alpha, accumulate, scale, A, ars, aps, B + c0, ldb, nr, pairs);
-        break;
-      case 3:
-        dp_cols<3>(C + c0, ldc, alpha, accumulate, scale, A, ars, aps, B + c0, ldb, nr, pairs);
-        break;
-      case 2:
-        dp_cols<2>(C + c0, ldc, alpha, accumulate, scale, A, ars, aps, B + c0, ldb, nr, pairs);
-        break;
-      default:
-        dp_cols<1>(C + c0, ldc, alpha, accumulate, scale, A, ars, aps, B + c0, ldb, nr, pairs);
-        break;
+template <int R>
+LOOM_ATTN_INLINE void dp_rows(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
+                              const uint32_t* A, int64_t ars, int64_t aps, const uint32_t* B, int64_t ldb, int64_t r,
+                              int64_t pairs, int64_t cols, Causal causal) {
+  int64_t v_begin = 0, v_end = cols / 16, p_begin = 0, p_end = pairs;
+  switch (causal) {
+    case Causal::None: break;
+    case Causal::ColsFromRow: v_begin = r / 16; break;
+    case Causal::ColsToRow: v_end = std::min(v_end, (r + R - 1) / 16 + 1); break;
+    case Causal::PairsToRow: p_end = std::min(pairs, (r + R + 1) / 2); break;
+    case Causal::PairsFromRow: p_begin = std::min(pairs, r / 2); break;
+  }
+  float* c = C + r * ldc;
+  const float* al = alpha ? alpha + r : nullptr;
+  const uint32_t* a = A + r * ars + p_begin * aps;
+  const uint32_t* b = B + p_begin * ldb;
+  const int64_t n = p_end - p_begin;
+  for (int64_t v = v_begin; v < v_end; v += 4) {
+    switch (std::min<int64_t>(4, v_end - v)) {
+      case 4: dp_tile<R, 4>(c + v * 16, ldc, al, accumulate, scale, a, ars, aps, b + v * 16, ldb, n); break;
+      case 3: dp_tile<R, 3>(c + v * 16, ldc, al, accumulate, scale, a, ars, aps, b + v * 16, ldb, n); break;
+      case 2: dp_tile<R, 2>(c + v * 16, ldc, al, accumulate, scale, a, ars, aps, b + v * 16, ldb, n); break;
+      default: dp_tile<R, 1>(c + v * 16, ldc, al, accumulate, scale, a, ars, aps, b + v * 16, ldb, n); break;
     }
   }
+}
+
+// The product above for nr rows and `cols` columns (a multiple of 16): blocks of kTileRows rows, each
+// in chunks of 4 vectors of columns.
+LOOM_ATTN_INLINE void dp_matmul(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
+                                const uint32_t* A, int64_t ars, int64_t aps, const uint32_t* B, int64_t ldb,
+                                int64_t nr, int64_t pairs, int64_t cols, Causal causal = Causal::None) {
+  int64_t r = 0;
+  for (; r + kTileRows <= nr; r += kTileRows)
+    dp_rows<kTileRows>(C, ldc, alpha, accumulate, scale, A, ars, aps, B, ldb, r, pairs, cols, causal);
+  for (; r < nr; ++r) dp_rows<1>(C, ldc, alpha, accumulate, scale, A, ars, aps, B, ldb, r, pairs, cols, causal);
 }
 
 // ---- forward: per-thread tiles (Q rows, Q words transposed, P as key pairs, O, scores, m, l,
@@ -374,14 +401,15 @@ LOOM_ATTN_INLINE void tile_probabilities(const Dims& s, Bf16BackwardTiles& w, co
                                          const QueryTile& query, const float* lse_rows, const float* Di, int64_t nq,
                                          bool diag, bool want_dq) {
   const int64_t words = s.Dp / 2;
-  dp_matmul(w.P, kBlock, nullptr, false, s.scale * kLog2e, query.Qb, words, 1, key.Kt, kBlock, nq, words, kBlock);
-  dp_matmul(w.dS, kBlock, nullptr, false, 1.0f, query.dOb, words, 1, key.Vt, kBlock, nq, words, kBlock);
+  const Causal half = diag ? Causal::ColsToRow : Causal::None;
+  dp_matmul(w.P, kBlock, nullptr, false, s.scale * kLog2e, query.Qb, words, 1, key.Kt, kBlock, nq, words, kBlock, half);
+  dp_matmul(w.dS, kBlock, nullptr, false, 1.0f, query.dOb, words, 1, key.Vt, kBlock, nq, words, kBlock, half);
   const __m512 scale = _mm512_set1_ps(s.scale);
   auto row = [&](int64_t r, int v, __m512& p, __m512& ds) {
     __m512 x = _mm512_sub_ps(_mm512_loadu_ps(w.P + r * kBlock + v * 16), _mm512_set1_ps(lse_rows[r] * kLog2e));
-    if (diag) x = mask_keys_after(x, v, r);
+    __m512 dp = _mm512_sub_ps(_mm512_loadu_ps(w.dS + r * kBlock + v * 16), _mm512_set1_ps(Di[r]));
+    if (diag) x = mask_keys_after(x, v, r), dp = zero_keys_after(dp, v, r);  // both may be stale there
     p = exp2_ps(x);
-    const __m512 dp = _mm512_sub_ps(_mm512_loadu_ps(w.dS + r * kBlock + v * 16), _mm512_set1_ps(Di[r]));
     ds = _mm512_mul_ps(_mm512_mul_ps(p, dp), scale);
   };
   for (int64_t r = 0; r < nq; r += 2) {
@@ -439,12 +467,12 @@ void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float*
 
   for (int64_t j = 0; j <= i; ++j) {
     const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
+    const bool diag = j == i;
     dp_matmul(w.St, kBlock, nullptr, false, s.scale * kLog2e, K + k0 * words, words, 1, w.Qt, kBlock, nk, words,
-              kBlock);
+              kBlock, diag ? Causal::ColsFromRow : Causal::None);
     // The online softmax over this tile's keys (base 2), as the f32 forward does it: the new running
     // maximum first, then exp2 of each pair of key rows, summed in key order and written straight
     // into the pairs-of-keys layout the P V product reads.
-    const bool diag = j == i;
     auto score = [&](int64_t c, int v) {
       const __m512 x = _mm512_loadu_ps(w.St + c * kBlock + v * 16);
       return diag ? mask_queries_before(x, v, c) : x;
@@ -468,7 +496,8 @@ void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float*
       _mm512_storeu_ps(w.m + v * 16, m_new[v]);
     }
     // O[r] = alpha[r] O[r] + sum_c P[r][c] v_c, V as row pairs.
-    dp_matmul(w.O, Dp, w.alpha, true, 1.0f, w.Pp, 1, kBlock, V + (k0 / 2) * Dp, Dp, nq, (nk + 1) / 2, Dp);
+    dp_matmul(w.O, Dp, w.alpha, true, 1.0f, w.Pp, 1, kBlock, V + (k0 / 2) * Dp, Dp, nq, (nk + 1) / 2, Dp,
+              diag ? Causal::PairsToRow : Causal::None);
   }
 
   float* out_tile = out + (b * s.T + q0) * s.out_row + h * D;
@@ -526,11 +555,12 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
         }
         tile_probabilities(s, w, key, query, a.lse + (b * s.H + h) * s.T + q0, Di, nq, i == j, packed);
         const int64_t query_pairs = (nq + 1) / 2;
-        dp_matmul(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp);  // P^T dO
-        dp_matmul(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp);  // dS^T Q
+        const Causal from = i == j ? Causal::PairsFromRow : Causal::None, to = i == j ? Causal::PairsToRow : Causal::None;
+        dp_matmul(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp, from);  // P^T dO
+        dp_matmul(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp, from);  // dS^T Q
         if (packed)  // dQ_i += dS K_j
           dp_matmul(dQ + (hh * s.T + q0) * Dp, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, key.Kp, Dp, nq, (nk + 1) / 2,
-                    Dp);
+                    Dp, to);
       }
     }
     float* tok = a.dqkv + (b * s.T + k0) * s.qkv_row;
@@ -554,11 +584,16 @@ void bf16_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, i
     const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
     pack_key_tile(s, w.Kb, w.key, a.qkv, b, g, k0, nk);
     tile_probabilities(s, w, w.key, w.query, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, i == j, true);
-    dp_matmul(w.dQ, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, w.key.Kp, Dp, nq, (nk + 1) / 2, Dp);
+    dp_matmul(w.dQ, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, w.key.Kp, Dp, nq, (nk + 1) / 2, Dp,
+              i == j ? Causal::PairsToRow : Causal::None);
   }
   S::write_rows(a.dqkv + (b * s.T + q0) * s.qkv_row + h * D, s.qkv_row, w.dQ, Dp, nq, D);
 }
 
 }  // namespace loom::kernels::attention_detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
