@@ -127,6 +127,24 @@ TEST(SoftwareProfile, CurrentFp8ScalingCostsAnAmaxPassMoreThanDelayed) {
   EXPECT_EQ(b.time.model_flops, a.time.model_flops);
 }
 
+// Collectives that run on the compute cores (a CPU machine shared by its ranks) are never hidden: the
+// data-parallel reduction and ZeRO-3's two gathers per micro-batch are priced in full, and the
+// profile line says so.
+TEST(SoftwareProfile, CollectivesOnTheComputeCoresAreNeverHidden) {
+  Job hidden = job("loom"), shared = hidden;
+  shared.software.comm_on_compute_cores = true;
+  for (int zero : {0, 3}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const Layout l{.dp = 16, .micro_batch = 1, .zero = zero, .recompute = Recompute::Full};
+    const StepTime a = step_time(l, hidden), b = step_time(l, shared);
+    EXPECT_GT(b.dp + b.zero, a.dp + a.zero);
+    EXPECT_EQ(b.compute, a.compute);
+    EXPECT_NEAR(b.total - a.total, (b.dp + b.zero) - (a.dp + a.zero), 1e-12 * b.total);
+  }
+  EXPECT_NE(describe(shared.software).find("collectives on the compute cores"), std::string::npos);
+  EXPECT_EQ(describe(hidden.software).find("collectives on the compute cores"), std::string::npos);
+}
+
 TEST(SoftwareProfile, EveryPredictionAndValidationRowNamesItsProfile) {
   auto r = test::run_loom("plan --model llama3-8b --cluster h100:16 --seq 4096 --global-batch 64 --top 2 --software neuron");
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -112,12 +112,11 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
   job.precision = cfg.precision == model::Precision::BF16 ? "bf16" : "f32";
   job.software = plan::software_profile("loom");
   job.software.bf16_weights_only = cfg.pure_bf16;
-  // Buckets reduce while backward runs -- but on a CPU machine whose cores the ranks share, the
-  // collectives move and sum the data with those same cores, so hiding them under compute only takes
-  // the compute's cycles (measured: BENCHMARKS.md, tensor parallelism's overlap; dp2's 17-23 ms of
-  // exposed all-reduce in the local loop). There the reduction is priced in full.
-  const bool shared_cores = machine && machine->devices_per_node == 1 && world > 1;
-  job.software.dp_overlap = cfg.parallel.bucket_kb > 0 && !shared_cores;
+  job.software.dp_overlap = cfg.parallel.bucket_kb > 0;  // buckets reduce while backward runs
+  // A CPU machine whose cores the ranks share: the collectives run on those cores (measured:
+  // BENCHMARKS.md, tensor parallelism's overlap; dp2's 17-23 ms and ZeRO-3's ~34 ms of exposed
+  // communication in the local loop, which the overlapped model had hidden).
+  job.software.comm_on_compute_cores = machine && machine->devices_per_node == 1 && world > 1;
   job.software.tp_overlap = cfg.parallel.tp_overlap;  // the time model hides TP collectives only under SP
   job.software.recompute = cfg.train.recompute;       // the run's own policy
   out.software = plan::describe(job.software);

@@ -41,6 +41,10 @@ struct Software {
   bool dropout = false;         // dropout after attention and MLP (masks stored, bytes moved)
   bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
+  // The collectives move and sum data with the cores that compute (a CPU machine shared by its
+  // ranks): hiding them under compute only takes the compute's cycles, so the data-parallel
+  // reduction and ZeRO-3's gathers are priced in full, never overlapped.
+  bool comm_on_compute_cores = false;
   double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
   bool sequence_parallel = true;  // the search may turn SP on with tp (false: the software has no SP)
   int max_zero = 3;               // the highest ZeRO stage the software shards to (0: plain DDP)

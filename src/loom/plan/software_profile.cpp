@@ -123,12 +123,13 @@ Software software_profile(const std::string& name_or_file) {
 
 std::string describe(const Software& s) {
   return fmt::format("{} ({} attention{}, DP {}, TP {}, SP {}, ZeRO up to {}, recompute {}, gradients reduced in {} bytes, "
-                     "fp8 {}{}{})",
+                     "fp8 {}{}{}{})",
                      s.profile, s.flash_attention ? "flash" : "materialised", s.dropout ? " with dropout" : "",
                      s.dp_overlap ? "overlapped" : "exposed", s.tp_overlap ? "overlapped (with SP)" : "exposed",
                      s.sequence_parallel ? "searched" : "never", s.max_zero,
                      s.recompute ? std::string(recompute_name(*s.recompute)) : "searched", s.grad_bytes, s.fp8_recipe,
-                     s.zero_bubble ? ", zero-bubble pipeline" : "", s.loom_engine ? ", Loom's engine memory" : "");
+                     s.zero_bubble ? ", zero-bubble pipeline" : "", s.loom_engine ? ", Loom's engine memory" : "",
+                     s.comm_on_compute_cores ? ", collectives on the compute cores (never hidden)" : "");
 }
 
 }  // namespace loom::plan

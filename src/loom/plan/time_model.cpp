@@ -298,12 +298,13 @@ StepTime step_time(const Layout& l, const Job& j) {
     return (l.zero >= 2 ? m * rs : rs) + ag;
   };
   double dp = reduce(sp.dense, dpg) + reduce(sp.expert, edpg);
-  const double window = j.software.dp_overlap ? (layers * 2 * (lc.gemm + lc.memory + lc.attn_core)) : 0;
+  const bool hides = !j.software.comm_on_compute_cores;
+  const double window = j.software.dp_overlap && hides ? (layers * 2 * (lc.gemm + lc.memory + lc.attn_core)) : 0;
   st.dp = std::max(0.0, dp - (l.zero >= 2 ? m * window : window));
   // ZeRO-3: weights gathered for every micro-batch's forward and backward, prefetched a layer ahead.
   if (l.zero == 3) {
     const double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw);
-    st.zero = m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers);
+    st.zero = hides ? m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers) : m * 2 * gather;
   }
   // Optimizer step, bytes per local parameter: AdamW streams the fp32 master weight, m and v (read +
   // write: 24), reads the fp32 gradient (4) and writes the bf16 copy (2); gradient-norm clipping reads
