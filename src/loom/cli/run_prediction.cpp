@@ -142,7 +142,7 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
   const plan::StepTime predicted = plan::step_time(l, job);
   out.priced_stage = l.pp > 1 ? predicted.priced_stage : -1;
   out.check = plan::check_prediction(predicted, measured_step(report, world, l.pp, predicted.priced_stage),
-                                     job.cluster.hw.device.attention_flops > 0);
+                                     job.cluster.hw.device.attention_rate(job.precision != "f32") > 0);
   return out;
 }
 

@@ -97,18 +97,15 @@ Hardware hardware_from_calibration(const Calibration &c) {
   // attention runs well below the GEMM curve.
   if (c.elementwise_bytes_per_s > 0)
     hw.efficiency.memory = std::min(1.0, c.elementwise_bytes_per_s / hw.device.memory_bandwidth);
-  if (!c.attention.empty()) {
+  // The median over the measured shapes (0: not measured).
+  auto median_rate = [](const std::vector<std::pair<std::vector<int64_t>, double>> &samples) {
     std::vector<double> rates;
-    for (auto &[shape, rate] : c.attention)
+    for (const auto &[shape, rate] : samples)
       rates.push_back(rate);
-    hw.device.attention_flops = median(rates);
-  }
-  if (!c.attention_bf16.empty()) {
-    std::vector<double> rates;
-    for (auto &[shape, rate] : c.attention_bf16)
-      rates.push_back(rate);
-    hw.device.attention_bf16_flops = median(rates);
-  }
+    return median(rates);
+  };
+  hw.device.attention_flops = median_rate(c.attention);
+  hw.device.attention_bf16_flops = median_rate(c.attention_bf16);
   return hw;
 }
 
