@@ -180,11 +180,10 @@ AttentionPath attention_path(bool bf16) {
   return AttentionPath::F32Sse2;
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape, Allocator& alloc,
-                       std::optional<AttentionPath> path) {
-  validate(shape, "attention_forward");
-  Dims s = make_dims(shape);
-  const KernelSet& kern = kernels(resolve(shape, path, "attention_forward"));
+namespace {
+
+// One forward call's work, self-attention or a block (the Dims say which).
+void run_forward(Dims s, const KernelSet& kern, float* out, float* lse, const float* qkv, Allocator& alloc) {
   const int threads = std::max(1, omp_get_max_threads());
   Buffer packed;
   if (kern.forward_pack != nullptr) {
@@ -212,12 +211,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv,
-                        const AttentionShape& shape, Allocator& alloc, std::optional<AttentionPath> path) {
-  validate(shape, "attention_backward");
-  const Dims s = make_dims(shape);
-  const KernelSet& kern = kernels(resolve(shape, path, "attention_backward"));
-  const BackwardArgs a{dqkv, dout, out, lse, qkv};
+void run_backward(const Dims& s, const KernelSet& kern, const BackwardArgs& a, Allocator& alloc) {
   const int threads = std::max(1, omp_get_max_threads());
   const int64_t kv_heads = s.B * s.KVH;
   // The by-kv-head item's own workspace: dQ of its group, and whatever its kernels pack up front.
@@ -239,7 +233,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       float* Di = dQ + dq_floats;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < kv_heads; ++k)
-        kern.backward_key_tiles(s, a, k / s.KVH, k % s.KVH, 0, s.tiles, dQ, Di, mine);
+        kern.backward_key_tiles(s, a, k / s.KVH, k % s.KVH, 0, s.ktiles, dQ, Di, mine);
     }
     return;
   }
@@ -251,7 +245,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   {
     float* mine = ws_base + omp_get_thread_num() * per_thread;
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t k = 0; k < kv_heads * s.tiles; ++k) {
+    for (int64_t k = 0; k < kv_heads * s.ktiles; ++k) {
       const int64_t j = k / kv_heads, bg = k % kv_heads;
       kern.backward_key_tiles(s, a, bg / s.KVH, bg % s.KVH, j, j + 1, nullptr, nullptr, mine);
     }
@@ -261,6 +255,53 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       kern.backward_query_tile(s, a, bh / s.H, bh % s.H, i, mine);
     }
   }
+}
+
+// A block runs on the f32 kernels: the bf16 ones tile only self-attention. A forced bf16 path is refused.
+const KernelSet& block_kernels(const AttentionShape& shape, std::optional<AttentionPath> path, const char* op) {
+  AttentionShape f32 = shape;
+  f32.bf16 = false;
+  const AttentionPath p = resolve(f32, path, op);
+  if (p == AttentionPath::Bf16Avx512)
+    throw Error(std::string(op) + ": the " + attention_path_name(p) + " path runs self-attention only; a block of "
+                "separate keys runs on an f32 path");
+  return kernels(p);
+}
+
+void validate_block(const AttentionShape& s, int64_t Tk, const char* op) {
+  validate(s, op);
+  if (Tk <= 0) throw ShapeError(std::string(op) + ": the key block must hold at least one token (Tk = " + std::to_string(Tk) + ")");
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape, Allocator& alloc,
+                       std::optional<AttentionPath> path) {
+  validate(shape, "attention_forward");
+  run_forward(make_dims(shape), kernels(resolve(shape, path, "attention_forward")), out, lse, qkv, alloc);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv,
+                        const AttentionShape& shape, Allocator& alloc, std::optional<AttentionPath> path) {
+  validate(shape, "attention_backward");
+  run_backward(make_dims(shape), kernels(resolve(shape, path, "attention_backward")),
+               BackwardArgs{dqkv, dout, out, lse, qkv, qkv, dqkv}, alloc);
+}
+
+void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int64_t Tk,
+                             const AttentionShape& shape, Allocator& alloc, std::optional<AttentionPath> path) {
+  validate_block(shape, Tk, "attention_block_forward");
+  Dims s = make_block_dims(shape, Tk);
+  s.kv = kv;
+  run_forward(s, block_kernels(shape, path, "attention_block_forward"), out, lse, q, alloc);
+}
+
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse,
+                              const float* q, const float* kv, int64_t Tk, const AttentionShape& shape,
+                              Allocator& alloc, std::optional<AttentionPath> path) {
+  validate_block(shape, Tk, "attention_block_backward");
+  run_backward(make_block_dims(shape, Tk), block_kernels(shape, path, "attention_block_backward"),
+               BackwardArgs{dq, dout, out, lse, q, kv, dkv}, alloc);
 }
 
 // FLOPs count multiply and add as 2 and only the causal pairs t' <= t, T(T+1)/2 per (b, h):
@@ -290,5 +331,18 @@ KernelCost attention_cost(const AttentionShape& s, bool backward) {
   return c;
 }
 
+
+KernelCost attention_block_cost(const AttentionShape& s, int64_t Tk, bool backward) {
+  const double pairs = static_cast<double>(s.T) * static_cast<double>(Tk);
+  const double heads = static_cast<double>(s.B) * static_cast<double>(s.H);
+  const double forward_flops = heads * pairs * static_cast<double>(s.D) * 4.0;
+  const double q_bytes = static_cast<double>(s.B * s.T * s.H * s.D) * sizeof(float);  // q, out, dout, dq alike
+  const double kv_bytes = static_cast<double>(s.B * Tk * 2 * s.KVH * s.D) * sizeof(float);
+  const double lse_bytes = heads * static_cast<double>(s.T) * sizeof(float);
+  KernelCost c;
+  c.flops = backward ? 2.5 * forward_flops : forward_flops;
+  c.bytes = backward ? 4 * q_bytes + 2 * kv_bytes + lse_bytes : 2 * q_bytes + kv_bytes + lse_bytes;
+  return c;
+}
 
 }  // namespace loom::kernels

@@ -42,6 +42,20 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
                         const AttentionShape& s, Allocator& alloc, std::optional<AttentionPath> path = std::nullopt);
 KernelCost attention_cost(const AttentionShape& s, bool backward);
 
+// A block of attention without a mask (context parallelism's ring: queries against the keys of another
+// rank's tokens that all precede them): s.T queries q [B, T, H D] against Tk keys and values
+// kv [B, Tk, 2 KVH D] (each row: KVH key heads, then KVH value heads); out [B, T, H D], lse [B, H, T]
+// as above. Backward takes the final out and lse of the queries' rows (over every block they attend
+// to, so P is the true softmax), and writes dq [B, T, H D] and dkv [B, Tk, 2 KVH D] (this block's
+// share of the key/value gradients). Runs on the f32 paths (s.bf16 is ignored).
+void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int64_t Tk,
+                             const AttentionShape& s, Allocator& alloc, std::optional<AttentionPath> path = std::nullopt);
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse,
+                              const float* q, const float* kv, int64_t Tk, const AttentionShape& s, Allocator& alloc,
+                              std::optional<AttentionPath> path = std::nullopt);
+// Every one of the T x Tk pairs counts (no causal half).
+KernelCost attention_block_cost(const AttentionShape& s, int64_t Tk, bool backward);
+
 namespace ref {
 // Plain fp32 reference: materialises each row's scores; same layout and conventions.
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s);

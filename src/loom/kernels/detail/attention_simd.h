@@ -217,21 +217,25 @@ struct Simd {
     float* alpha = l + kBlock;        // this tile's rescaling of O and l: exp(m_old - m_new)
 
     const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
-    const float* tok = qkv + b * s.T * s.qkv_row;  // token 0 of this batch row
-    transpose_rows(Qt, tok + q0 * s.qkv_row + h * D, s.qkv_row, nq, D, s.scale);
+    const float* tok = qkv + b * s.T * s.q_row;                            // query token 0 of this batch row
+    const float* keys = (s.kv ? s.kv : qkv) + b * s.Tk * s.kv_row;  // key token 0
+    transpose_rows(Qt, tok + q0 * s.q_row + h * D, s.q_row, nq, D, s.scale);
     std::fill(Ob, Ob + kBlock * Dp, 0.0f);
     std::fill(m, m + kBlock, -std::numeric_limits<float>::infinity());
     std::fill(l, l + kBlock, 0.0f);
 
-    for (int64_t j = 0; j <= i; ++j) {
-      const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
-      matmul_abt(St, tok + k0 * s.qkv_row + (s.H + g) * D, s.qkv_row, Qt, nk, D, 1.0f);
+    // Causal: key tiles up to the diagonal; a block: all of them (a short last tile's missing keys are
+    // never read: every loop below stops at nk).
+    const int64_t j_last = s.causal ? i : s.ktiles - 1;
+    for (int64_t j = 0; j <= j_last; ++j) {
+      const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
+      matmul_abt(St, keys + k0 * s.kv_row + s.k_col + g * D, s.kv_row, Qt, nk, D, 1.0f);
       V m_new[kRowVectors], sum[kRowVectors];
       for (int v = 0; v < kRowVectors; ++v) m_new[v] = load(m + v * W), sum[v] = V{};
       for (int64_t c = 0; c < nk; ++c)
         for (int v = 0; v < kRowVectors; ++v) {
           V x = load(St + c * kBlock + v * W);
-          if (j == i) {  // diagonal tile: key c is visible to queries r >= c only
+          if (s.causal && j == i) {  // diagonal tile: key c is visible to queries r >= c only
             x = mask_before(x, v, c);
             store(St + c * kBlock + v * W, x);
           }
@@ -250,7 +254,7 @@ struct Simd {
         store(m + v * W, m_new[v]);
       }
       // O[r] = alpha[r] O[r] + sum_c P[r][c] v_c, with P[r][c] = St[c][r].
-      const Rows Vr = tile_rows(Vb, Dp, tok + k0 * s.qkv_row + (s.H + s.KVH + g) * D, s.qkv_row, nk, D);
+      const Rows Vr = tile_rows(Vb, Dp, keys + k0 * s.kv_row + s.v_col + g * D, s.kv_row, nk, D);
       matmul_ab(Ob, Dp, alpha, St, 1, kBlock, Vr.p, Vr.ld, nq, nk, Dp);
     }
 
@@ -304,13 +308,13 @@ struct Simd {
       }
     }
     for (int64_t j = j_begin; j < j_end; ++j) {
-      const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
-      load_key_tile(s, w, a.qkv, b, g, k0, nk);
+      const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
+      load_key_tile(s, w, a.kv, b, g, k0, nk);
       std::fill(w.dKb, w.dKb + kBlock * Dp, 0.0f);
       std::fill(w.dVb, w.dVb + kBlock * Dp, 0.0f);
       for (int64_t hh = 0; hh < s.group; ++hh) {
         const int64_t h = g * s.group + hh;
-        for (int64_t i = j; i < s.tiles; ++i) {
+        for (int64_t i = s.causal ? j : 0; i < s.tiles; ++i) {
           const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
           load_query_tile(s, w, a, b, h, q0, nq);
           const float* Di = w.Di;
@@ -320,20 +324,20 @@ struct Simd {
             const int64_t off = (b * s.T + q0) * s.out_row + h * D;
             row_dots(w.Di, a.dout + off, a.out + off, s.out_row, nq, D);
           }
-          tile_probabilities(s, w, a.lse + (b * s.H + h) * s.T + q0, Di, nq, i == j);
+          tile_probabilities(s, w, a.lse + (b * s.H + h) * s.T + q0, Di, nq, s.causal && i == j);
           matmul_ab(w.dVb, Dp, nullptr, w.P, 1, kBlock, w.dO.p, w.dO.ld, nk, nq, Dp);  // dV_j += P^T dO_i
           matmul_ab(w.dKb, Dp, nullptr, w.dS, 1, kBlock, w.Q.p, w.Q.ld, nk, nq, Dp);   // dK_j += dS^T Q_i
           if (dQ != nullptr)                                                           // dQ_i += dS K_j
             matmul_ab(dQ + (hh * s.T + q0) * Dp, Dp, nullptr, w.dS, kBlock, 1, w.K.p, w.K.ld, nq, nk, Dp);
         }
       }
-      float* tok = a.dqkv + (b * s.T + k0) * s.qkv_row;
-      write_rows(tok + (s.H + g) * D, s.qkv_row, w.dKb, Dp, nk, D);
-      write_rows(tok + (s.H + s.KVH + g) * D, s.qkv_row, w.dVb, Dp, nk, D);
+      float* tok = a.dkv + (b * s.Tk + k0) * s.kv_row;
+      write_rows(tok + s.k_col + g * D, s.kv_row, w.dKb, Dp, nk, D);
+      write_rows(tok + s.v_col + g * D, s.kv_row, w.dVb, Dp, nk, D);
     }
     if (dQ != nullptr)
       for (int64_t hh = 0; hh < s.group; ++hh)
-        write_rows(a.dqkv + b * s.T * s.qkv_row + (g * s.group + hh) * D, s.qkv_row, dQ + hh * s.T * Dp, Dp, s.T, D);
+        write_rows(a.dqkv + b * s.T * s.q_row + (g * s.group + hh) * D, s.q_row, dQ + hh * s.T * Dp, Dp, s.T, D);
   }
 
   // dQ of query tile i of head h (second pass of the two-pass schedule): key tiles j = 0..i ascending.
@@ -346,13 +350,14 @@ struct Simd {
     const int64_t off = (b * s.T + q0) * s.out_row + h * D;
     row_dots(w.Di, a.dout + off, a.out + off, s.out_row, nq, D);
     std::fill(w.dQb, w.dQb + kBlock * Dp, 0.0f);
-    for (int64_t j = 0; j <= i; ++j) {
-      const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
-      load_key_tile(s, w, a.qkv, b, g, k0, nk);
-      tile_probabilities(s, w, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, i == j);
+    const int64_t j_last = s.causal ? i : s.ktiles - 1;
+    for (int64_t j = 0; j <= j_last; ++j) {
+      const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
+      load_key_tile(s, w, a.kv, b, g, k0, nk);
+      tile_probabilities(s, w, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, s.causal && i == j);
       matmul_ab(w.dQb, Dp, nullptr, w.dS, kBlock, 1, w.K.p, w.K.ld, nq, nk, Dp);
     }
-    write_rows(a.dqkv + (b * s.T + q0) * s.qkv_row + h * D, s.qkv_row, w.dQb, Dp, nq, D);
+    write_rows(a.dqkv + (b * s.T + q0) * s.q_row + h * D, s.q_row, w.dQb, Dp, nq, D);
   }
 };
 

@@ -29,8 +29,19 @@ struct Dims {
   int64_t group;    // query heads per kv head
   int64_t qkv_row;  // floats per token row of qkv: (H + 2 KVH) D
   int64_t out_row;  // floats per token row of out / dout: H D
-  int64_t tiles;    // ceil(T / kBlock)
+  int64_t tiles;    // ceil(T / kBlock): query tiles
   float scale;
+  // The key/value side. Self-attention (make_dims): the keys are the queries' own tokens, in qkv, and
+  // the mask is causal. A block (make_block_dims, context parallelism's ring): Tk keys of another
+  // block in their own buffer [B, Tk, 2 KVH D] (K heads, then V heads), every key visible to every
+  // query. Only the f32 kernels run blocks; the bf16 kernels read the self-attention fields alone.
+  int64_t Tk;              // keys per batch row
+  int64_t ktiles;          // ceil(Tk / kBlock)
+  bool causal = true;
+  int64_t q_row;           // floats per token row of the queries (and of dq): qkv_row, or H D for a block
+  int64_t kv_row;          // floats per token row of the keys and values (and of dkv)
+  int64_t k_col, v_col;    // where key / value head 0 starts in such a row
+  const float* kv = nullptr;  // forward: the keys' buffer (null: qkv)
   // Operands a kernel set packed once for the whole call (its pack step), or null: the bf16 forward
   // packs K and V of every kv head here (attention_bf16.cpp).
   const void* packed = nullptr;
@@ -45,6 +56,17 @@ inline Dims make_dims(const AttentionShape& s) {
   d.out_row = s.H * s.D;
   d.tiles = (s.T + kBlock - 1) / kBlock;
   d.scale = s.scale;
+  d.Tk = s.T, d.ktiles = d.tiles, d.causal = true;
+  d.q_row = d.qkv_row, d.kv_row = d.qkv_row, d.k_col = s.H * s.D, d.v_col = (s.H + s.KVH) * s.D;
+  return d;
+}
+
+// A block: s.T queries [B, T, H D] against Tk keys and values [B, Tk, 2 KVH D], no mask.
+inline Dims make_block_dims(const AttentionShape& s, int64_t Tk) {
+  Dims d = make_dims(s);
+  d.qkv_row = d.q_row = s.H * s.D;
+  d.Tk = Tk, d.ktiles = (Tk + kBlock - 1) / kBlock, d.causal = false;
+  d.kv_row = 2 * s.KVH * s.D, d.k_col = 0, d.v_col = s.KVH * s.D;
   return d;
 }
 
@@ -91,12 +113,16 @@ LOOM_ATTN_INLINE Rows tile_rows(float* scratch, int64_t Dp, const float* src, in
   return {scratch, Dp};
 }
 
+// Self-attention: kv == qkv and dkv == dqkv (the key/value columns of the same rows). A block: the
+// queries' side (qkv, dqkv: [B, T, H D]) and the keys' side (kv, dkv) are separate buffers.
 struct BackwardArgs {
   float* dqkv;
   const float* dout;
   const float* out;
   const float* lse;
   const float* qkv;
+  const float* kv;
+  float* dkv;
 };
 
 // Tiles a backward item needs whatever the schedule. Kb, Qb, dOb are scratch for padded copies; the
@@ -122,20 +148,20 @@ inline BackwardTiles carve_backward_tiles(float* ws, int64_t Dp) {
 }
 
 // Loads key tile (k0, nk) of kv head g: K^T and V^T for the score products, K rows for dQ += dS K.
-LOOM_ATTN_INLINE void load_key_tile(const Dims& s, BackwardTiles& w, const float* qkv, int64_t b, int64_t g, int64_t k0,
+LOOM_ATTN_INLINE void load_key_tile(const Dims& s, BackwardTiles& w, const float* kv, int64_t b, int64_t g, int64_t k0,
                                     int64_t nk) {
-  const float* tok = qkv + (b * s.T + k0) * s.qkv_row;
-  const float* k = tok + (s.H + g) * s.D;
-  const float* v = tok + (s.H + s.KVH + g) * s.D;
-  transpose_rows(w.Kt, k, s.qkv_row, nk, s.D);
-  transpose_rows(w.Vt, v, s.qkv_row, nk, s.D);
-  w.K = tile_rows(w.Kb, s.Dp, k, s.qkv_row, nk, s.D);
+  const float* tok = kv + (b * s.Tk + k0) * s.kv_row;
+  const float* k = tok + s.k_col + g * s.D;
+  const float* v = tok + s.v_col + g * s.D;
+  transpose_rows(w.Kt, k, s.kv_row, nk, s.D);
+  transpose_rows(w.Vt, v, s.kv_row, nk, s.D);
+  w.K = tile_rows(w.Kb, s.Dp, k, s.kv_row, nk, s.D);
 }
 
 // Loads query tile (q0, nq) of head h: Q and dO rows.
 LOOM_ATTN_INLINE void load_query_tile(const Dims& s, BackwardTiles& w, const BackwardArgs& a, int64_t b, int64_t h,
                                       int64_t q0, int64_t nq) {
-  w.Q = tile_rows(w.Qb, s.Dp, a.qkv + (b * s.T + q0) * s.qkv_row + h * s.D, s.qkv_row, nq, s.D);
+  w.Q = tile_rows(w.Qb, s.Dp, a.qkv + (b * s.T + q0) * s.q_row + h * s.D, s.q_row, nq, s.D);
   w.dO = tile_rows(w.dOb, s.Dp, a.dout + (b * s.T + q0) * s.out_row + h * s.D, s.out_row, nq, s.D);
 }
 
