@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include <gtest/gtest.h>
+
 namespace loom::test {
 
 struct CliResult {
@@ -48,6 +50,17 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// Trains `ranks` ranks of the tiny config with `sets` (quietly); returns the run folder (metrics in out/,
+// checkpoints in ck/). Fails the calling test if the run does.
+inline std::filesystem::path train_tiny(const std::string& name, int ranks, const std::string& sets) {
+  auto dir = scratch_dir(name);
+  auto r = run_loom("run -n " + std::to_string(ranks) + " -- loom train --config " LOOM_SOURCE_DIR
+                    "/configs/tiny.toml --quiet " + sets + " --set train.out_dir=" + (dir / "out").string() +
+                    " --save-dir " + (dir / "ck").string());
+  if (r.rc != 0) ADD_FAILURE() << r.err;
+  return dir;
 }
 
 }  // namespace loom::test

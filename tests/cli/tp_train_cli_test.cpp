@@ -52,14 +52,6 @@ TEST(TensorParallelCli, TheTraceShowsTpCommunicationInFlightAndExposed) {
   fs::remove_all(dir);
 }
 
-// Trains `ranks` ranks with `sets`; returns the run folder (metrics in out/, checkpoints in ck/).
-fs::path train(const std::string& name, int ranks, const std::string& sets) {
-  auto dir = scratch_dir(name);
-  auto r = run_loom("run -n " + std::to_string(ranks) + " -- loom train " + kTiny + "--quiet " + sets +
-                    " --set train.out_dir=" + (dir / "out").string() + " --save-dir " + (dir / "ck").string());
-  EXPECT_EQ(r.rc, 0) << r.err;
-  return dir;
-}
 
 // Issue 12 item 6: tp 2 and 4 with and without sequence parallelism (and without overlap), dp 2 x tp 2
 // under ZeRO 0-3, GPT-2 and Llama with fewer KV heads than tp,
@@ -84,7 +76,7 @@ TEST(TensorParallelCli, VerifyPassesForEveryLayoutOnGpt2AndLlamaInBothPrecisions
 // The final weights too, tensor by tensor (a loss can agree while one shard's update is lost).
 TEST(TensorParallelCli, FinalWeightsMatchTheSingleRankRun) {
   const std::string sets = "--set model.preset=tiny-llama --set model.n_kv_heads=2 --set train.steps=6 --save-every 6";
-  auto one = train("tp-w1", 1, sets), four = train("tp-w4", 4, sets + " --set parallel.tp=4");
+  auto one = train_tiny("tp-w1", 1, sets), four = train_tiny("tp-w4", 4, sets + " --set parallel.tp=4");
   EXPECT_LT(max_rel_diff(losses(one / "out"), losses(four / "out")), 1e-5);
   // The tp=4 checkpoint is sharded: its pieces, put together, are the whole tensors.
   const auto a = checkpoint_tensors(one / "ck" / "step-00000006"), b = checkpoint_tensors(four / "ck" / "step-00000006");
@@ -106,8 +98,8 @@ TEST(TensorParallelCli, FinalWeightsMatchTheSingleRankRun) {
 // checkpoint exports to Hugging Face safetensors of the whole shapes and `loom generate` runs from it.
 TEST(TensorParallelCli, ACheckpointSavedAtTp2ResumesAtAnyTpAndExports) {
   const std::string sets = "--set model.preset=tiny-llama --set model.n_kv_heads=2 --set train.eval_every=0";
-  auto whole = train("tp-r-whole", 1, sets + " --set train.steps=8");
-  auto half = train("tp-r-half", 2, sets + " --set parallel.tp=2 --set train.steps=4 --save-every 4");
+  auto whole = train_tiny("tp-r-whole", 1, sets + " --set train.steps=8");
+  auto half = train_tiny("tp-r-half", 2, sets + " --set parallel.tp=2 --set train.steps=4 --save-every 4");
   const auto want = losses(whole / "out");
   for (int tp : {1, 2, 4}) {
     SCOPED_TRACE("resumed at tp=" + std::to_string(tp));

@@ -159,9 +159,62 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
   }
 }
 
+// Context parallelism (issue 20 item 5): each rank's contexts hold seq / cp tokens of every sample, the
+// rank keeps the whole samples it loads and the attention's scratch (ring or all-to-all), and ZeRO
+// shards over dp x cp; predicted to the byte for rank 0.
+TEST(EngineMemory, PredictsContextParallelRanksPeakBytes) {
+  struct CpCase {
+    const char* preset;
+    const char* precision;
+    int cp, dp, zero, tp;
+    bool a2a, sp = false;
+    const char* extra = "";
+  };
+  const CpCase cases[] = {
+      {"tiny", "fp32", 2, 1, 0, 1, false},
+      {"tiny", "bf16", 2, 1, 0, 1, true},
+      {"tiny-llama", "fp32", 4, 1, 0, 1, false},
+      {"tiny-llama", "bf16", 2, 2, 3, 1, false},
+      {"tiny", "fp32", 2, 1, 0, 2, false, true},
+      {"tiny-llama", "bf16-pure", 2, 1, 0, 1, true},
+      {"tiny-llama", "fp32", 2, 1, 0, 1, false, false, " --set train.recompute=selective"},
+  };
+  for (const CpCase& c : cases) {
+    auto dir = scratch_dir("engine-mem-cp");
+    const int64_t seq = 64;
+    auto r = run_loom("run -n " + std::to_string(c.cp * c.dp * c.tp) + " -- loom train --quiet --json --set model.preset=" +
+                      c.preset + " --set precision=" + c.precision + " --set data.source=synthetic --set train.steps=2"
+                      " --set train.eval_every=0 --set checkpoint.save_every=0 --set trace.summary=false"
+                      " --set train.seq_len=64 --set train.batch_size=4 --set train.micro_batch_size=2"
+                      " --set parallel.cp=" + std::to_string(c.cp) + " --set parallel.cp_mode=" +
+                      (c.a2a ? "all-to-all" : "ring") + " --set parallel.dp=" + std::to_string(c.dp) +
+                      " --set parallel.zero=" + std::to_string(c.zero) + " --set parallel.tp=" + std::to_string(c.tp) +
+                      " --set parallel.sequence_parallel=" + (c.sp ? "true" : "false") + c.extra +
+                      " --set train.out_dir=" + (dir / "out").string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto measured = nlohmann::json::parse(r.out)["peak_bytes_by_category"];
+    plan::Layout l;
+    l.cp = c.cp, l.dp = c.dp, l.zero = c.zero, l.tp = c.tp, l.sp = c.sp, l.micro_batch = 2, l.cp_all_to_all = c.a2a;
+    if (std::string(c.extra).find("selective") != std::string::npos) l.recompute = plan::Recompute::Selective;
+    const auto predicted = plan::loom_engine_memory(spec::preset(c.preset), l, seq, numerics(c.precision));
+    const std::pair<const char*, double> rows[] = {{"parameters", predicted.parameters},
+                                                   {"gradients", predicted.gradients},
+                                                   {"optimizer", predicted.optimizer},
+                                                   {"activations", predicted.activations}};
+    for (const auto& [category, bytes] : rows) {
+      const double m = measured[category].get<double>();
+      EXPECT_NEAR(bytes, m, 0.01 * m) << c.preset << " " << c.precision << " cp=" << c.cp << (c.a2a ? " a2a" : " ring")
+                                      << " dp=" << c.dp << " zero=" << c.zero << " tp=" << c.tp << c.extra << ": "
+                                      << category << " predicted " << bytes << ", measured " << m;
+    }
+  }
+}
+
 TEST(EngineMemory, RefusesLayoutsTheEngineDoesNotRun) {
   plan::Layout l;
-  l.cp = 2;
+  l.ep = 2;
+  EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false), ConfigError);
+  l.ep = 1, l.cp = 3;  // 64 tokens do not split into 6 chunks
   EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false), ConfigError);
   l.cp = 1, l.pp = 2, l.dp = 2, l.zero = 2;
   EXPECT_THROW(plan::loom_engine_memory(spec::preset("tiny"), l, 64, false, {4, {}}), ConfigError);

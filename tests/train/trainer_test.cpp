@@ -61,7 +61,8 @@ TEST(RunConfig, RejectsBadTypesImpossibleShapesAndUnsupportedLayouts) {
   EXPECT_THROW(parse_run_config("[train]\nsteps = \"many\"\n", "x"), ConfigError);
   EXPECT_THROW(parse_run_config("", "x", {"model.preset=tiny", "model.n_heads=5"}), ConfigError);
   EXPECT_THROW(parse_run_config("", "x", {"train.batch_size=6", "train.micro_batch_size=4"}), ConfigError);
-  EXPECT_THROW(parse_run_config("", "x", {"parallel.cp=2"}), ConfigError);
+  EXPECT_THROW(parse_run_config("", "x", {"parallel.ep=2"}), ConfigError);
+  EXPECT_THROW(parse_run_config("", "x", {"parallel.cp=3"}), ConfigError);  // 2 x 3 chunks do not divide seq_len
   EXPECT_THROW(parse_run_config("", "x", {"parallel.pp=2", "parallel.zero=2", "parallel.dp=2"}), ConfigError);
   EXPECT_THROW(parse_run_config("", "x", {"parallel.tp=4"}), ConfigError);  // mini has 6 heads
   EXPECT_THROW(parse_run_config("", "x", {"precision=fp16"}), ConfigError);

@@ -6,6 +6,7 @@
 
 #include "loom/error.h"
 #include "loom/plan/engine_memory.h"
+#include "loom/spec/context_parallel.h"
 #include "loom/plan/layout.h"
 #include "loom/plan/software_profile.h"
 #include "loom/spec/pipeline_schedule.h"
@@ -84,6 +85,7 @@ plan::Layout layout_of(const train::RunConfig& cfg) {
   plan::Layout l;
   l.dp = static_cast<int>(p.dp), l.tp = static_cast<int>(p.tp), l.pp = static_cast<int>(p.pp);
   l.cp = static_cast<int>(p.cp), l.ep = static_cast<int>(p.ep);
+  l.cp_all_to_all = spec::parse_cp_mode(p.cp_mode) == spec::CpMode::AllToAll;
   l.vpp = static_cast<int>(p.pipeline_virtual_stages);
   l.micro_batch = static_cast<int>(cfg.micro_batch());
   l.zero = static_cast<int>(p.zero);

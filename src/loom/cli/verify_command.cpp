@@ -66,17 +66,20 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
       const auto eq = kv.find('=');
       const std::string key = kv.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : kv.substr(eq + 1);
-      static const std::vector<std::string> known = {"dp", "tp",      "pp", "cp",       "ep",     "zero",     "bucket_kb",
-                                                     "sp", "overlap", "v",  "schedule", "layers", "recompute"};
+      static const std::vector<std::string> known = {"dp", "tp",      "pp", "cp",       "cp_mode", "ep",       "zero",
+                                                     "bucket_kb", "sp", "overlap", "v",  "schedule", "layers", "recompute"};
       if (eq == std::string::npos || std::find(known.begin(), known.end(), key) == known.end())
         throw ConfigError(
-            fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, ep, zero, "
+            fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, cp_mode, ep, zero, "
                         "bucket_kb, sp, overlap, v, schedule, layers, recompute (e.g. --layouts "
                         "\"dp=1;dp=2;tp=2,sp=1;pp=2,v=2,schedule=interleaved-1f1b;pp=2,layers=1/3\")",
                         kv, item));
-      // The pipeline schedule and the recompute policy are names; every other key a number.
-      if (key == "schedule" || key == "recompute") {
-        l.sets.push_back((key == "schedule" ? "parallel.pipeline.schedule=" : "train.recompute=") + value);
+      // The pipeline schedule, the recompute policy and the cp mode are names; every other key a number.
+      if (key == "schedule" || key == "recompute" || key == "cp_mode") {
+        l.sets.push_back((key == "schedule"    ? "parallel.pipeline.schedule="
+                          : key == "cp_mode" ? "parallel.cp_mode="
+                                             : "train.recompute=") +
+                         value);
         continue;
       }
       // An explicit pipeline cut, blocks per chunk separated by '/' (',' separates keys here).
@@ -310,8 +313,8 @@ void register_verify(CLI::App& app, Action& action) {
   cmd->add_option("--layouts", a->layouts,
                   "layouts separated by ';', keys by ',' (default \"dp=1;dp=2\"), "
                   "e.g. \"dp=1;dp=2;tp=2,sp=1;dp=4,zero=1;pp=2,recompute=full\" (keys dp tp pp cp ep zero "
-                  "bucket_kb v, sp and overlap 0/1, schedule, layers 1/3, recompute none|selective|full); the first "
-                  "is the reference");
+                  "bucket_kb v, sp and overlap 0/1, schedule, layers 1/3, recompute none|selective|full, cp_mode ring|all-to-all); "
+                  "the first is the reference");
   cmd->add_option("--steps", a->steps, "steps per layout (default 10: past warm-up)");
   cmd->add_option("--tolerance", a->tolerance,
                   "largest relative loss difference allowed (default fp32 1e-5, bf16 1e-2; with --numerics, on the "

@@ -59,6 +59,13 @@ class Backend {
                                  const AttentionShape& s) = 0;
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
                                   const Tensor& qkv, const AttentionShape& s) = 0;
+  // A block of attention with no mask (context parallelism's ring; kernels/attention.h): s.T queries
+  // q [B, T, H D] against the Tk = kv.dim(1) keys and values of kv [B, Tk, 2 KVH D].
+  virtual void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                       const AttentionShape& s) = 0;
+  virtual void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& out,
+                                        const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                        const AttentionShape& s) = 0;
   // Incremental decoding over a KV cache (generation).
   virtual void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                 const DecodeShape& s) = 0;

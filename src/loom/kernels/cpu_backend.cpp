@@ -258,6 +258,30 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
                               qkv.data<float>(), s, alloc_);
 }
 
+void CpuBackend::attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                         const AttentionShape& s) {
+  const int64_t Tk = kv.shape().rank() == 3 ? kv.dim(1) : 0;
+  expect(kv.shape().rank() == 3 && kv.dim(0) == s.B && kv.dim(2) == 2 * s.KVH * s.D && q.numel() == s.B * s.T * s.H * s.D &&
+             out.numel() == q.numel() && lse.numel() == s.B * s.H * s.T,
+         "attention_block: q " + sh(q) + " / kv " + sh(kv) + " / out " + sh(out) + " do not match the attention shape");
+  auto c = attention_block_cost(s, Tk, false);
+  Span span(tracer_, "attention_block_fwd", Category::Kernel, c.flops, c.bytes);
+  kernels::attention_block_forward(out.data<float>(), lse.data<float>(), q.data<float>(), kv.data<float>(), Tk, s,
+                                   alloc_);
+}
+
+void CpuBackend::attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& out,
+                                          const Tensor& lse, const Tensor& q, const Tensor& kv, const AttentionShape& s) {
+  const int64_t Tk = kv.shape().rank() == 3 ? kv.dim(1) : 0;
+  expect(kv.shape().rank() == 3 && dkv.numel() == kv.numel() && dq.numel() == q.numel() && dout.numel() == q.numel() &&
+             q.numel() == s.B * s.T * s.H * s.D,
+         "attention_block backward: q " + sh(q) + " / kv " + sh(kv) + " do not match the attention shape");
+  auto c = attention_block_cost(s, Tk, true);
+  Span span(tracer_, "attention_block_bwd", Category::Kernel, c.flops, c.bytes);
+  kernels::attention_block_backward(dq.data<float>(), dkv.data<float>(), dout.data<float>(), out.data<float>(),
+                                    lse.data<float>(), q.data<float>(), kv.data<float>(), Tk, s, alloc_);
+}
+
 void CpuBackend::attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const DecodeShape& s) {
   expect(q.numel() == s.n * s.H * s.D && out.numel() == q.numel() &&

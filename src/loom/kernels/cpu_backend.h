@@ -38,6 +38,10 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
                           const Tensor& qkv, const AttentionShape& s) override;
+  void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                               const AttentionShape& s) override;
+  void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& out,
+                                const Tensor& lse, const Tensor& q, const Tensor& kv, const AttentionShape& s) override;
   void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const DecodeShape& s) override;
   void softmax_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,

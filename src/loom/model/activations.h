@@ -62,6 +62,13 @@ struct ActivationContext {
   // precision = "fp8": a linear's quantised output gradient, one linear at a time (the largest of them).
   Tensor fp8_dy;
   int64_t valid_targets = 0;             // targets >= 0 in this micro-batch
+  // Context parallelism (cp > 1): the global positions of the T tokens this rank holds of each sample,
+  // the rotary tables' rows at those positions (Llama), and the learned positions' rows gathered for the
+  // embedding and their gradient before it is added back at those rows (GPT-2). Empty at cp = 1, where
+  // the positions are 0 .. T-1 and the model's own tables are read.
+  std::vector<int32_t> positions;
+  Tensor rope_cos, rope_sin;
+  Tensor wpe_rows, dwpe_rows;
 };
 
 }  // namespace loom::model

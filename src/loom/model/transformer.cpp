@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
 #include "loom/model/fp8_recipe.h"
 #include "loom/profile/tracer.h"
+#include "loom/spec/context_parallel.h"
 
 namespace loom::model {
 
@@ -14,32 +16,50 @@ using spec::Arch;
 
 namespace {
 
-// Training attends over the whole micro-batch: rotary embedding in place (Llama), causal attention,
+// Training attends over the whole micro-batch: rotary embedding in place (Llama, at the tokens' global
+// positions), causal attention through the attention ops (here, or across the context-parallel group),
 // the softmax statistics kept for backward.
 class WholeSequence final : public AttentionStep {
  public:
-  WholeSequence(kernels::Backend& be, const RopeTables& rope, bool llama, const kernels::AttentionShape& s)
-      : be_(be), rope_(rope), llama_(llama), s_(s) {}
+  WholeSequence(kernels::Backend& be, kernels::AttentionOps& ops, RopeTables rope, bool llama,
+                const kernels::AttentionShape& s)
+      : be_(be), ops_(ops), rope_(std::move(rope)), llama_(llama), s_(s) {}
   void forward(const Tensor& att, const Tensor& lse, const Tensor& qkv) override {
     if (llama_) be_.rope_forward(qkv, rope_.cos, rope_.sin, s_);
-    be_.attention_forward(att, lse, qkv, s_);
+    ops_.forward(att, lse, qkv, s_);
   }
 
  private:
   kernels::Backend& be_;
-  const RopeTables& rope_;
+  kernels::AttentionOps& ops_;
+  RopeTables rope_;
   bool llama_;
   kernels::AttentionShape s_;
 };
 
+// The rotary tables a context's tokens read: its own rows at its positions under context parallelism.
+RopeTables rope_of(const ActivationContext& c, const RopeTables& whole) {
+  return c.rope_cos.defined() ? RopeTables{c.rope_cos, c.rope_sin} : whole;
+}
+
+// dst row t = src row rows[t] (rows of `width` elements of src's dtype).
+void gather_rows(const Tensor& dst, const Tensor& src, const std::vector<int32_t>& rows, int64_t width) {
+  const size_t bytes = static_cast<size_t>(width) * dtype_size(src.dtype());
+  for (size_t t = 0; t < rows.size(); ++t)
+    std::memcpy(static_cast<std::byte*>(dst.raw()) + t * bytes,
+                static_cast<const std::byte*>(src.raw()) + static_cast<size_t>(rows[t]) * bytes, bytes);
+}
+
 }  // namespace
 
 Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
-                         kernels::LayerOps* ops, spec::Recompute recompute)
+                         kernels::LayerOps* ops, spec::Recompute recompute, kernels::AttentionOps* attention)
     : cfg_(std::move(cfg)),
       params_(params),
       own_ops_(ops ? nullptr : std::make_unique<kernels::LayerOps>(backend)),
       ops_(ops ? ops : own_ops_.get()),
+      own_attention_(attention ? nullptr : std::make_unique<kernels::AttentionOps>(backend)),
+      attention_(attention ? attention : own_attention_.get()),
       backend_(backend),
       recompute_(recompute),
       llama_(cfg_.arch == Arch::Llama),
@@ -71,9 +91,13 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
     throw UnsupportedError("a split (zero-bubble) backward cannot run with recompute = " +
                            std::string(spec::recompute_name(recompute_)) +
                            ": its weight pass reads GEMM inputs that recompute does not keep");
-  if (B <= 0 || T <= 0 || T > cfg_.max_seq)
+  const int cp = attention_->size();
+  if (B <= 0 || T <= 0 || T * cp > cfg_.max_seq)
     throw ConfigError("micro-batch [" + std::to_string(B) + ", " + std::to_string(T) +
-                      "] is invalid: need B > 0 and 0 < T <= model.max_seq = " + std::to_string(cfg_.max_seq));
+                      "] is invalid: need B > 0 and 0 < T <= model.max_seq = " + std::to_string(cfg_.max_seq) +
+                      (cp > 1 ? " (T is this rank's tokens: " + std::to_string(T) + " x cp = " + std::to_string(cp) +
+                                    " per sample)"
+                              : std::string()));
   Allocator& alloc = backend_.allocator();
   const auto act = MemCategory::Activations;
   const int64_t N = B * T, C = cfg_.d_model, D = cfg_.head_dim(), H = local_.heads, KV = local_.kv_heads;
@@ -89,6 +113,19 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   auto lp = [&](const Tensor& t) { return lowp_ ? Tensor::empty(t.shape(), DType::BF16, alloc, act) : t; };
   ActivationContext c;
   c.B = B, c.T = T;
+  if (cp > 1) {
+    spec::validate_context_parallel(cfg_, T * cp, cp, spec::CpMode::Ring);  // the chunks must split
+    c.positions = spec::context_positions(T * cp, cp, attention_->rank());
+    if (llama_) {
+      const int64_t half = D / 2;
+      c.rope_cos = f32({T, half}), c.rope_sin = f32({T, half});
+      gather_rows(c.rope_cos, rope_.cos, c.positions, half);
+      gather_rows(c.rope_sin, rope_.sin, c.positions, half);
+    } else if (ch.embeddings) {
+      c.wpe_rows = Tensor::empty({T, C}, w_.wpe.dtype(), alloc, act);
+      c.dwpe_rows = f32({T, C});
+    }
+  }
   c.tokens = Tensor::empty({B, T}, DType::I32, alloc, act);
   c.targets = Tensor::empty({B, T}, DType::I32, alloc, act);
   // Only the chunk's blocks save anything; the residual stream from its input to its output.
@@ -191,8 +228,11 @@ void Transformer::block_backward(int64_t layer, const BlockWeights& weights, Blo
   runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
   linear_backward(c.d_att, blk.out, c.d_res, a.att_lp, true, split ? &split->out : nullptr, Fp8Linear::Out);
-  be.attention_backward(d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
-  if (llama_) be.rope_backward(d_qkv, rope_.cos, rope_.sin, s);
+  attention_->backward(d_qkv, c.d_att, a.att, a.lse, a.qkv, s);
+  if (llama_) {
+    const RopeTables rope = rope_of(c, rope_);
+    be.rope_backward(d_qkv, rope.cos, rope.sin, s);
+  }
   linear_backward(c.d_norm, blk.qkv, d_qkv, a.n1_lp, false, nullptr, Fp8Linear::Qkv);
   runner_.norm_backward(partial_grads(blk.norm1, c, 1), c.d_res, c.d_norm, x_in, a.n1_mean, a.n1_rstd);
   add_partial_grads({&blk.norm2, &blk.norm1}, c);
@@ -205,12 +245,12 @@ void Transformer::recompute_block(int64_t l, ActivationContext& c, const kernels
   profile::ScopedSpanContext where(static_cast<int>(l), "R");
   BlockActivations& a = c.blocks[static_cast<size_t>(l)];
   if (c.recompute == spec::Recompute::Full) {
-    WholeSequence attention(backend_, rope_, llama_, s);
+    WholeSequence attention(backend_, *attention_, rope_of(c, rope_), llama_, s);
     runner_.forward(w_.blocks[static_cast<size_t>(l)], a, c.residual[static_cast<size_t>(l)], c.recompute_out,
                     attention, l);
   } else {
     // qkv was saved after the rotary embedding: only the attention core runs again.
-    backend_.attention_forward(a.att, a.lse, a.qkv, s);
+    attention_->recompute(a.att, a.lse, a.qkv, s);
     runner_.to_gemm_input(a.att_lp, a.att, l, Fp8Linear::Out);
   }
 }
@@ -241,6 +281,25 @@ void Transformer::add_partial_grads(std::initializer_list<const NormViews*> norm
     backend_.add(n->dw, n->dw, c.norm_grads.view(2 * slot * C, {C}));
     if (n->db.defined()) backend_.add(n->db, n->db, c.norm_grads.view((2 * slot + 1) * C, {C}));
     ++slot;
+  }
+}
+
+const Tensor* Transformer::position_rows(ActivationContext& c) const {
+  if (llama_) return nullptr;
+  if (!c.wpe_rows.defined()) return &w_.wpe;
+  gather_rows(c.wpe_rows, w_.wpe, c.positions, cfg_.d_model);  // the weights changed since the last step
+  return &c.wpe_rows;
+}
+
+void Transformer::add_position_grads(ActivationContext& c) {
+  if (!c.dwpe_rows.defined()) return;
+  const int64_t C = cfg_.d_model;
+  float* dwpe = w_.dwpe.data<float>();
+  const float* rows = c.dwpe_rows.data<float>();
+  for (size_t t = 0; t < c.positions.size(); ++t) {
+    float* dst = dwpe + static_cast<int64_t>(c.positions[t]) * C;
+    const float* src = rows + static_cast<int64_t>(t) * C;
+    for (int64_t k = 0; k < C; ++k) dst[k] += src[k];
   }
 }
 
@@ -294,13 +353,13 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
       c.valid_targets += tg[i] >= 0;
     }
   }
-  WholeSequence attention(backend_, rope_, llama_, attention_shape(c.B, c.T));
+  WholeSequence attention(backend_, *attention_, rope_of(c, rope_), llama_, attention_shape(c.B, c.T));
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   if (embeds) {
     profile::ScopedSpanContext where(-1, "F");
     h.before_forward(-1);
-    ops_->embedding_forward(c.residual[0], c.tokens, w_.wte, llama_ ? nullptr : &w_.wpe);
+    ops_->embedding_forward(c.residual[0], c.tokens, w_.wte, position_rows(c));
     h.after_forward(-1);
   }
   for (int64_t l = ch.first; l < ch.last; ++l) {
@@ -366,7 +425,10 @@ void Transformer::backward_walk(ActivationContext& c, const Chunk& ch, bool spli
   if (ch.embeddings) {
     profile::ScopedSpanContext where(-1, pass);
     h.before_backward(-1);
-    ops_->embedding_backward(w_.dwte, llama_ ? nullptr : &w_.dwpe, c.d_res, c.tokens);
+    if (c.dwpe_rows.defined()) c.dwpe_rows.fill_zero();
+    ops_->embedding_backward(w_.dwte, llama_ ? nullptr : c.dwpe_rows.defined() ? &c.dwpe_rows : &w_.dwpe, c.d_res,
+                             c.tokens);
+    add_position_grads(c);
     h.after_backward(-1);
   }
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "loom/kernels/attention_ops.h"
 #include "loom/kernels/backend.h"
 #include "loom/kernels/layer_ops.h"
 #include "loom/model/activations.h"
@@ -23,9 +24,12 @@ class Transformer {
  public:
   // ops: how the linears, embedding and loss run (nullptr: on the whole model, locally); its group size
   // must be the tensor-parallel degree the parameter table was built for. Not owned. recompute: what
-  // the contexts this model makes keep for backward (spec/recompute.h).
+  // the contexts this model makes keep for backward (spec/recompute.h). attention: where the attention
+  // core runs (nullptr: over the whole sequence here); with a context-parallel group every context,
+  // tokens and targets tensor holds this rank's T tokens of each sample (spec::context_positions).
   Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
-              kernels::LayerOps* ops = nullptr, spec::Recompute recompute = spec::Recompute::None);
+              kernels::LayerOps* ops = nullptr, spec::Recompute recompute = spec::Recompute::None,
+              kernels::AttentionOps* attention = nullptr);
 
   const spec::TransformerConfig& config() const { return cfg_; }
   // This shard's widths: query heads, KV heads, MLP width and vocabulary rows (padded) per rank.
@@ -37,7 +41,8 @@ class Transformer {
     int64_t first = 0, last = 0;
     bool embeddings = false, head = false;
   };
-  // Allocates a context for micro-batches of shape [B, T] (T <= max_seq): for the whole model, or for
+  // Allocates a context for micro-batches of shape [B, T] (T x cp <= max_seq; T this rank's tokens of
+  // each sample under context parallelism): for the whole model, or for
   // one chunk (its blocks' saved tensors, its part of the residual stream, the logits when it has the head).
   ActivationContext make_context(int64_t B, int64_t T) const;
   // split_backward: also keep each block's linear output gradients for backward_chunk_input /
@@ -88,12 +93,18 @@ class Transformer {
   NormViews partial_grads(const NormViews& n, ActivationContext& c, int slot) const;
   void add_partial_grads(std::initializer_list<const NormViews*> norms, ActivationContext& c);
   kernels::AttentionShape attention_shape(int64_t B, int64_t T) const;
+  // Context parallelism: the embedding's learned position rows at this context's positions, and their
+  // gradient added back at those rows.
+  const Tensor* position_rows(ActivationContext& c) const;
+  void add_position_grads(ActivationContext& c);
   void check_chunk(const Chunk& chunk) const;  // throws unless this rank's shard holds it
 
   spec::TransformerConfig cfg_;
   ParameterStore& params_;
   std::unique_ptr<kernels::LayerOps> own_ops_;  // when none was given
   kernels::LayerOps* ops_;
+  std::unique_ptr<kernels::AttentionOps> own_attention_;  // when none was given
+  kernels::AttentionOps* attention_;
   LocalWidths local_;
   LayerHooks* hooks_ = nullptr;
   kernels::Backend& backend_;

@@ -29,6 +29,20 @@ Mesh::Mesh(const MeshShape& shape, comm::World& world) : shape_(shape), world_(w
     owned_[a] = world.group().split(color, coord_.along(kAxes[a]));
     groups_[a] = owned_[a].get();
   }
+  // The replicas: dp alone or cp alone reuse that axis' group; both split once more (collective).
+  const int replicas = shape_.dp * shape_.cp;
+  if (shape_.cp == 1) {
+    replicas_ = group(MeshAxis::DP);
+  } else if (shape_.dp == 1) {
+    replicas_ = group(MeshAxis::CP);
+  } else if (replicas == world.size()) {
+    replicas_ = &world.group();
+  } else {
+    MeshCoord first = coord_;
+    first.dp = first.cp = 0;
+    owned_replicas_ = world.group().split(rank_of(shape_, first), coord_.dp * shape_.cp + coord_.cp);
+    replicas_ = owned_replicas_.get();
+  }
 }
 
 Mesh::~Mesh() = default;

@@ -22,6 +22,10 @@ class Mesh {
   int rank() const { return rank_; }
   // The group of `axis` this rank belongs to; nullptr when the axis has size 1.
   comm::ProcessGroup* group(spec::MeshAxis axis) const;
+  // The ranks that hold the same weights (same pp and tp coordinates): dp x cp of them, ordered by
+  // (dp, cp), so replica rank / cp is the dp coordinate. Gradients are reduced and ZeRO shards over it.
+  // nullptr when dp x cp = 1.
+  comm::ProcessGroup* replica_group() const { return replicas_; }
   comm::ProcessGroup& world_group() const { return world_.group(); }
 
  private:
@@ -31,6 +35,8 @@ class Mesh {
   MeshCoord coord_;
   std::unique_ptr<comm::ProcessGroup> owned_[4];  // pp, dp, cp, tp (split off the world group)
   comm::ProcessGroup* groups_[4] = {};
+  std::unique_ptr<comm::ProcessGroup> owned_replicas_;
+  comm::ProcessGroup* replicas_ = nullptr;
 };
 
 }  // namespace loom::parallel

@@ -1,5 +1,7 @@
 #include "loom/parallel/parallelize.h"
 
+#include "loom/parallel/context_parallel_attention.h"
+
 
 namespace loom::parallel {
 
@@ -13,11 +15,22 @@ double Parallelism::tp_in_flight_seconds() const {
   return t ? t->in_flight_seconds() : 0.0;
 }
 
+double Parallelism::cp_wait_seconds() const {
+  auto* c = dynamic_cast<const ContextParallelAttention*>(attention.get());
+  return c ? c->wait_seconds() : 0.0;
+}
+
+double Parallelism::cp_in_flight_seconds() const {
+  auto* c = dynamic_cast<const ContextParallelAttention*>(attention.get());
+  return c ? c->in_flight_seconds() : 0.0;
+}
+
 Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp,
-                        const spec::PipelineStages* stages) {
+                        const spec::PipelineStages* stages, spec::CpMode cp_mode) {
   Parallelism p;
   if (mesh) {
-    p.dp = mesh->group(spec::MeshAxis::DP);
+    p.dp = mesh->replica_group();
+    p.cp = mesh->group(spec::MeshAxis::CP);
     p.tp = mesh->group(spec::MeshAxis::TP);
     p.pp = mesh->group(spec::MeshAxis::PP);
     p.world = mesh->shape().world();
@@ -34,6 +47,10 @@ Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParal
   } else {
     p.ops = std::make_unique<kernels::LayerOps>(backend);
   }
+  if (p.cp)
+    p.attention = std::make_unique<ContextParallelAttention>(backend, *p.cp, cp_mode);
+  else
+    p.attention = std::make_unique<kernels::AttentionOps>(backend);
   return p;
 }
 

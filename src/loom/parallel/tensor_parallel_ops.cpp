@@ -10,7 +10,12 @@ namespace loom::parallel {
 using profile::Tracer;
 
 TensorParallelOps::TensorParallelOps(kernels::Backend& backend, comm::ProcessGroup& tp, TensorParallelOptions options)
-    : kernels::LayerOps(backend), tp_(tp), rank_(tp.rank()), size_(tp.size()), options_(options) {}
+    : kernels::LayerOps(backend),
+      tp_(tp),
+      rank_(tp.rank()),
+      size_(tp.size()),
+      options_(options),
+      in_flight_(backend) {}
 
 Tensor TensorParallelOps::scratch(Slot slot, const Shape& shape, DType dtype) {
   Tensor& t = scratch_[slot];
@@ -18,25 +23,6 @@ Tensor TensorParallelOps::scratch(Slot slot, const Shape& shape, DType dtype) {
   if (!t.defined() || t.nbytes() < bytes)
     t = Tensor::empty({static_cast<int64_t>((bytes + 3) / 4)}, DType::F32, be_.allocator(), MemCategory::Activations);
   return Tensor::wrap(t.raw(), shape, dtype);
-}
-
-TensorParallelOps::Pending TensorParallelOps::issue(comm::Work work, const char* name, const char* wait_name,
-                                                    double bytes) {
-  return {std::move(work), Tracer::now_ns(), name, wait_name, bytes};
-}
-
-void TensorParallelOps::wait(Pending& p) {
-  const int64_t w0 = Tracer::now_ns();
-  p.work.wait();
-  const int64_t w1 = Tracer::now_ns();
-  wait_seconds_ += 1e-9 * static_cast<double>(w1 - w0);
-  in_flight_seconds_ += 1e-9 * static_cast<double>(w1 - p.issued_ns);
-  if (Tracer* t = be_.tracer(); t && t->on()) {
-    const profile::ScopedSpanContext restore(profile::SpanContext::kNoUnit);
-    comm::mark_wait(p.work);
-    t->record(p.wait_name, profile::Category::Communication, w0, w1, 0, p.bytes);
-    t->record(p.name, profile::Category::InFlight, p.issued_ns, w1, 0, p.bytes);
-  }
 }
 
 void TensorParallelOps::all_reduce(const Tensor& t, const char* name, const char* wait_name) {

@@ -22,6 +22,7 @@
 
 #include "loom/comm/process_group.h"
 #include "loom/kernels/layer_ops.h"
+#include "loom/parallel/in_flight.h"
 
 namespace loom::parallel {
 
@@ -50,9 +51,9 @@ class TensorParallelOps : public kernels::LayerOps {
                      float grad_scale) override;
 
   // Wall seconds this thread waited on the group's collectives (cumulative): exposed TP communication.
-  double wait_seconds() const { return wait_seconds_; }
+  double wait_seconds() const { return in_flight_.wait_seconds(); }
   // Wall seconds asynchronous collectives were in flight, from issue to completion (cumulative).
-  double in_flight_seconds() const { return in_flight_seconds_; }
+  double in_flight_seconds() const { return in_flight_.in_flight_seconds(); }
 
  private:
   // Below this many rows per chunk the SP input gather of a column-parallel forward is not chunked (a
@@ -66,15 +67,11 @@ class TensorParallelOps : public kernels::LayerOps {
   Tensor scratch(Slot slot, const Shape& shape, DType dtype);
   // A collective issued now and waited for later; `name` and `wait_name` are its trace spans
   // (profile::Category::InFlight and its ".wait").
-  struct Pending {
-    comm::Work work;
-    int64_t issued_ns = 0;
-    const char* name = nullptr;
-    const char* wait_name = nullptr;
-    double bytes = 0;
-  };
-  Pending issue(comm::Work work, const char* name, const char* wait_name, double bytes);
-  void wait(Pending& p);
+  using Pending = InFlight::Pending;
+  Pending issue(comm::Work work, const char* name, const char* wait_name, double bytes) {
+    return in_flight_.issue(std::move(work), name, wait_name, bytes);
+  }
+  void wait(Pending& p) { in_flight_.wait(p); }
   // Blocking collectives (issue + wait).
   void all_reduce(const Tensor& t, const char* name, const char* wait_name);
   // Under SP: x [N / tp, ...] of every rank laid end to end -> [N, ...] (any dtype).
@@ -88,7 +85,7 @@ class TensorParallelOps : public kernels::LayerOps {
   int rank_, size_;
   TensorParallelOptions options_;
   std::array<Tensor, kSlots> scratch_;
-  double wait_seconds_ = 0, in_flight_seconds_ = 0;
+  InFlight in_flight_;
 };
 
 }  // namespace loom::parallel

@@ -100,6 +100,23 @@ double context_bytes(const Widths& w, int64_t blocks, bool head, bool sp, bool b
   return total;
 }
 
+// What a context adds under context parallelism (model::Transformer::make_context): the rotary tables'
+// rows at its tokens' positions (Llama), or the learned positions' rows and their gradient (GPT-2, in
+// the chunk with the embeddings).
+double cp_context_bytes(const spec::TransformerConfig& c, const Widths& w, double T_local, bool embeddings,
+                        double wpe_bytes) {
+  if (c.arch == spec::Arch::Llama) return 4 * T_local * w.D;
+  return embeddings ? (wpe_bytes + 4) * T_local * w.C : 0;
+}
+
+// parallel::ContextParallelAttention's scratch, every slot at its largest (it reserves them so): per
+// micro-batch of B samples of T_local tokens on this rank.
+double cp_attention_bytes(const Widths& w, double B, double T_local, bool all_to_all) {
+  const double HD = w.H * w.D, KD2 = 2 * w.KV * w.D, c = T_local / 2, N = B * T_local;
+  if (all_to_all) return 4 * (2 * N * std::max(HD + KD2, 2 * HD) + 2 * N * HD + 2 * N * HD + N * (HD + KD2));
+  return 4 * (5 * N * KD2 + B * c * KD2 + 3 * N * HD + B * c * HD + B * w.H * T_local + 2 * B * c * HD);
+}
+
 // What a rank holds once beside its contexts: the trainer's token and target buffers, RoPE tables and,
 // under tensor parallelism, the scratch of parallel::TensorParallelOps (each slot sized by its largest
 // use and allocated by the first: the embedding's, the blocks', the loss's).
@@ -147,8 +164,11 @@ Schedule planner_schedule(spec::PipelineSchedule s) {
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, EngineNumerics numerics,
                                 const EnginePipeline& pipe, int pipeline_rank) {
   const bool bf16 = numerics.bf16, only = numerics.bf16_only;
-  if (l.cp != 1 || l.ep != 1)
-    throw ConfigError("Loom's engine runs data, tensor and pipeline parallelism (cp = ep = 1), not " + l.str());
+  if (l.ep != 1)
+    throw ConfigError("Loom's engine runs data, tensor, pipeline and context parallelism (ep = 1), not " + l.str());
+  if (seq % (2 * l.cp) != 0)
+    throw ConfigError("context parallelism at cp = " + std::to_string(l.cp) + " needs the sequence (" +
+                      std::to_string(seq) + ") to split into 2 x cp chunks");
   // Rank 0's shard: under tp every rank holds the same amount, padding of the vocabulary aside (rank 0
   // holds whole rows and, with fewer KV heads than tp, the same one-head piece as every rank); under pp
   // the first stage's chunks, with the embeddings.
@@ -168,7 +188,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     shard = stage, shard.tp_rank = 0, shard.tp_size = l.tp;
   }
   const auto table = spec::build_param_table(cfg, shard);
-  const int dp = l.dp, stage = dp > 1 ? l.zero : 0;  // alone, every stage is the plain run
+  // ZeRO shards over the replicas: every rank holding the same weights, dp x cp of them.
+  const int dp = l.dp * l.cp, stage = dp > 1 ? l.zero : 0;  // alone, every stage is the plain run
   const auto units = units_of(table, cfg.n_layers, dp);
   const double total = static_cast<double>(table.total_numel());
   double owned = 0;
@@ -210,10 +231,20 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
                            : total * 4;
   m.optimizer = (stage >= 1 ? owned : total) * (only ? 4 : 8);  // AdamW m and v in f32 (bf16-pure: bf16)
   const bool sp = l.sp && l.tp > 1;
-  const Widths w(cfg, table, l.micro_batch, seq, l.tp, sp);
+  // Each rank's contexts hold its seq / cp tokens of every sample.
+  const int64_t T_local = seq / l.cp;
+  const Widths w(cfg, table, l.micro_batch, T_local, l.tp, sp);
+  const double B = static_cast<double>(l.micro_batch), Tl = static_cast<double>(T_local);
+  // Under cp: the trainer's whole samples (loaded before this rank's tokens are taken) and the attention's
+  // scratch, once per rank.
+  const double cp_rank_bytes =
+      l.cp > 1 ? 4 * B * static_cast<double>(seq) * 2 + cp_attention_bytes(w, B, Tl, l.cp_all_to_all) : 0;
+  auto cp_context = [&](bool embeddings) {
+    return l.cp > 1 ? cp_context_bytes(cfg, w, Tl, embeddings, only ? 2 : 4) : 0;
+  };
   if (!stages) {
-    m.activations = context_bytes(w, cfg.n_layers, true, sp, bf16, false, l.recompute) +
-                    rank_activation_bytes(cfg, w, RankPart{cfg.n_layers, true, true}, l.tp, sp, bf16);
+    m.activations = context_bytes(w, cfg.n_layers, true, sp, bf16, false, l.recompute) + cp_context(true) +
+                    rank_activation_bytes(cfg, w, RankPart{cfg.n_layers, true, true}, l.tp, sp, bf16) + cp_rank_bytes;
     return m;
   }
   // The executor keeps one context per micro-batch it holds at once on each chunk, training or validating.
@@ -228,9 +259,10 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     const bool head = g == stages->chunks() - 1;
     part.blocks += blocks, part.head = part.head || head;
     const int n = std::max(training[static_cast<size_t>(c)], validating[static_cast<size_t>(c)]);
-    m.activations += n * context_bytes(w, blocks, head, sp, bf16, l.schedule == Schedule::ZeroBubble, l.recompute);
+    m.activations += n * (context_bytes(w, blocks, head, sp, bf16, l.schedule == Schedule::ZeroBubble, l.recompute) +
+                          cp_context(g == 0));
   }
-  m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16);
+  m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16) + cp_rank_bytes;
   if (bf16 && pipe.bf16_transfers) m.activations += 2 * 2 * w.R * w.C;  // the executor's bf16 wire buffers
   return m;
 }

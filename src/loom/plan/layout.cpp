@@ -30,7 +30,7 @@ std::string_view reject_name(Reject r) {
 
 std::string Layout::str() const {
   std::string s = fmt::format("dp{} tp{} pp{}", dp, tp, pp);
-  if (cp > 1) s += fmt::format(" cp{}", cp);
+  if (cp > 1) s += fmt::format(" cp{}{}", cp, cp_all_to_all ? " a2a" : "");
   if (ep > 1) s += fmt::format(" ep{}", ep);
   if (vpp > 1) s += fmt::format(" v{}", vpp);
   s += fmt::format(" mb{}", micro_batch);

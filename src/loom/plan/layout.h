@@ -27,6 +27,7 @@ struct Layout {
   bool sp = false;          // sequence parallelism (needs tp > 1)
   Recompute recompute = Recompute::None;
   Schedule schedule = Schedule::OneFOneB;
+  bool cp_all_to_all = false;  // cp by all-to-all (Ulysses: heads split over cp) instead of the ring
 
   int devices() const { return dp * tp * pp * cp; }
   std::string str() const;  // "dp4 tp8 pp2 v3 mb1 z1 sel sp"

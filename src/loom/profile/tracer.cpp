@@ -130,7 +130,10 @@ TimeBreakdown breakdown(const Tracer& tracer, double wall_seconds) {
   for (auto& [name, s] : stats) {
     if (s.category == Category::InFlight) {
       b.in_flight_seconds += s.seconds;
-      if (auto w = stats.find(name + ".wait"); w != stats.end()) b.async_wait_seconds += w->second.seconds;
+      TimeBreakdown::InFlightRow row{name, s.seconds, 0};
+      if (auto w = stats.find(name + ".wait"); w != stats.end()) row.wait_seconds = w->second.seconds;
+      b.async_wait_seconds += row.wait_seconds;
+      b.in_flight.push_back(row);
     }
     if (s.category == Category::Step || s.category == Category::Host || s.category == Category::InFlight) continue;
     if (s.category == Category::Gemm) b.gemm_seconds += s.seconds;
@@ -140,6 +143,8 @@ TimeBreakdown breakdown(const Tracer& tracer, double wall_seconds) {
   }
   b.host_seconds = std::max(0.0, wall_seconds - b.gemm_seconds - b.kernel_seconds - b.comm_seconds);
   std::sort(b.rows.begin(), b.rows.end(), [](auto& x, auto& y) { return x.second.seconds > y.second.seconds; });
+  std::sort(b.in_flight.begin(), b.in_flight.end(),
+            [](auto& x, auto& y) { return x.in_flight_seconds > y.in_flight_seconds; });
   return b;
 }
 
@@ -161,6 +166,13 @@ std::string format_breakdown(const TimeBreakdown& b, int max_rows) {
     out += fmt::format("\nasynchronous collectives: {:.1f}% of the wall in flight, of it {:.1f}% hidden under compute",
                        pct(b.in_flight_seconds),
                        100.0 * std::max(0.0, b.in_flight_seconds - b.async_wait_seconds) / b.in_flight_seconds);
+  // Per collective where there are several kinds (e.g. the context-parallel ring's K/V under attention).
+  for (size_t i = 0; b.in_flight.size() > 1 && i < b.in_flight.size() && static_cast<int>(i) < max_rows; ++i) {
+    const auto& r = b.in_flight[i];
+    if (r.in_flight_seconds <= 0) continue;
+    out += fmt::format("\n  {:<26} {:>10.1f} ms in flight, {:.1f}% hidden", r.name, r.in_flight_seconds * 1e3,
+                       100.0 * std::max(0.0, r.in_flight_seconds - r.wait_seconds) / r.in_flight_seconds);
+  }
   return out;
 }
 

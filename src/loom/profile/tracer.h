@@ -145,6 +145,12 @@ struct TimeBreakdown {
   double comm_seconds = 0;     // exposed: waited for
   double in_flight_seconds = 0;  // asynchronous collectives from issue to completion
   double async_wait_seconds = 0;  // of comm_seconds: the waits of those asynchronous collectives
+  // Each asynchronous collective by name: seconds in flight and seconds waited for (its ".wait").
+  struct InFlightRow {
+    std::string name;
+    double in_flight_seconds = 0, wait_seconds = 0;
+  };
+  std::vector<InFlightRow> in_flight;  // sorted by time in flight, descending
   double host_seconds = 0;  // wall minus everything traced
   std::vector<std::pair<std::string, SpanStats>> rows;  // sorted by time, descending
 };

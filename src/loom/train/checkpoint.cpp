@@ -625,9 +625,11 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
       if (la == lb) continue;
       std::string key = section + la.substr(0, la.find(' '));
       // Every layout saves whole tensors (rank 0's replica, ZeRO pieces, tp shards and pipeline stages
-      // gathered), so dp, tp, pp, zero, the pipeline's schedule and cut and the bucket size may change on
-      // resume; a different model, or an axis this build does not reshard yet (cp, ep), may not.
+      // gathered; context-parallel ranks are replicas of the weights), so dp, tp, pp, cp, zero, the
+      // pipeline's schedule and cut and the bucket size may change on resume; a different model, or an
+      // axis this build does not reshard yet (ep), may not.
       const bool free_layout_key = key == "parallel.dp" || key == "parallel.tp" || key == "parallel.pp" ||
+                                   key == "parallel.cp" || key == "parallel.cp_mode" ||
                                    key == "parallel.zero" || key == "parallel.bucket_kb" ||
                                    key == "parallel.sequence_parallel" || key == "parallel.tp_overlap" ||
                                    key.rfind("parallel.pipeline.", 0) == 0;

@@ -15,6 +15,7 @@
 #include "loom/spec/pipeline_schedule.h"
 #include "loom/spec/pipeline_stages.h"
 #include "loom/spec/checked_size.h"
+#include "loom/spec/context_parallel.h"
 
 namespace loom::train {
 
@@ -226,7 +227,11 @@ const std::vector<Field>& fields() {
       LOOM_BOOL("parallel.pipeline.bf16_transfers", parallel.pipeline_bf16_transfers,
                 "in bf16 runs: activations and their gradients cross stages in bf16 (half the bytes; false: f32, "
                 "which reproduces one rank's numbers exactly)"),
-      LOOM_INT("parallel.cp", parallel.cp, 1, 65536, "context-parallel degree"),
+      LOOM_INT("parallel.cp", parallel.cp, 1, 65536,
+               "context-parallel degree: each sample's tokens split over cp ranks (head and tail chunks)"),
+      LOOM_STRING("parallel.cp_mode", parallel.cp_mode,
+                  "with cp > 1: \"ring\" (K/V pass around the group under the attention) or \"all-to-all\" "
+                  "(Ulysses: heads split over the group; cp must divide the heads)"),
       LOOM_INT("parallel.ep", parallel.ep, 1, 65536, "expert-parallel degree"),
       LOOM_INT("parallel.zero", parallel.zero, 0, 3, "ZeRO stage 0-3"),
       LOOM_INT("parallel.bucket_kb", parallel.bucket_kb, 0, kMaxWidth,
@@ -392,10 +397,13 @@ void RunConfig::validate() const {
   need(p.zero_release == "lazy" || p.zero_release == "eager",
        "parallel.zero_release = \"" + p.zero_release + "\" is not a release mode (\"lazy\" or \"eager\")");
   need(p.zero >= 0 && p.zero <= 3, "parallel.zero = " + s(p.zero) + " is not a ZeRO stage (0, 1, 2 or 3)");
-  need(p.cp == 1 && p.ep == 1,
+  need(p.ep == 1,
        "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +
-           " is not supported yet: this build runs data, tensor and pipeline parallelism (parallel.dp, parallel.tp, "
-           "parallel.pp, parallel.zero = 0..3; cp and ep 1)");
+           " is not supported yet: this build runs data, tensor, pipeline and context parallelism (parallel.dp, "
+           "parallel.tp, parallel.pp, parallel.cp, parallel.zero = 0..3; ep 1)");
+  const spec::CpMode cp_mode = spec::parse_cp_mode(p.cp_mode);
+  if (p.cp > 1) spec::validate_context_parallel(model.resolved, seq_len(), static_cast<int>(p.cp), cp_mode,
+                                                static_cast<int>(p.tp));
   need(p.pipeline_virtual_stages == 1 || p.pp > 1,
        "parallel.pipeline.virtual_stages = " + s(p.pipeline_virtual_stages) + " needs parallel.pp > 1");
   need(p.pipeline_layers.empty() || p.pp > 1,
@@ -414,7 +422,7 @@ void RunConfig::validate() const {
              "use \"1f1b\" (or \"gpipe\", \"interleaved-1f1b\") with recompute, or train.recompute = \"none\"");
     // ZeRO-1 reduces every gradient once, after the schedule; ZeRO-2/3 keep no whole gradient and reduce
     // (and free) each block's during its backward, once per micro-batch, in the order of one backward.
-    need(p.zero <= 1 || p.dp == 1,
+    need(p.zero <= 1 || p.dp * p.cp == 1,
          "parallel.pp = " + s(p.pp) + " with parallel.zero = " + s(p.zero) +
              " is not supported: ZeRO-2/3 reduce and free each block's gradients during every micro-batch's "
              "backward, which a pipeline schedule interleaves across micro-batches; use parallel.zero = 1 "
@@ -426,13 +434,15 @@ void RunConfig::validate() const {
                        spec::parse_layer_counts(p.pipeline_layers, "parallel.pipeline.layers"));
   }
   spec::validate_tensor_parallel(model.resolved, static_cast<int>(p.tp));
-  if (p.sequence_parallel && p.tp > 1 && (micro_batch() * seq_len()) % p.tp != 0) {
-    // Each rank holds a contiguous run of the micro-batch's token rows; suggest the nearest lengths that split.
-    const int64_t step = p.tp / std::gcd(p.tp, micro_batch());
+  if (p.sequence_parallel && p.tp > 1 && (micro_batch() * (seq_len() / p.cp)) % p.tp != 0) {
+    // Each rank holds a contiguous run of the micro-batch's token rows (of its cp share); suggest the
+    // nearest lengths that split.
+    const int64_t step = p.tp / std::gcd(p.tp, micro_batch()) * (p.cp > 1 ? 2 * p.cp : 1);
     const int64_t below = seq_len() / step * step, above = below + step;
     throw ConfigError("parallel.sequence_parallel at parallel.tp = " + s(p.tp) + " splits the " + s(micro_batch()) +
-                      " x " + s(seq_len()) + " token rows of a micro-batch (train.micro_batch_size x train.seq_len) "
-                      "into tp equal runs, which does not divide; use train.seq_len = " +
+                      " x " + s(seq_len() / p.cp) + " token rows of a micro-batch (train.micro_batch_size x " +
+                      (p.cp > 1 ? "train.seq_len / parallel.cp" : "train.seq_len") +
+                      ") into tp equal runs, which does not divide; use train.seq_len = " +
                       (below > 0 ? s(below) + " or " : "") + s(above) + ", or sequence_parallel = false");
   }
   need(train.batch_size % (p.dp * micro_batch()) == 0,

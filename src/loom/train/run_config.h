@@ -79,6 +79,7 @@ struct TraceSection {
 
 struct ParallelSection {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  std::string cp_mode = "ring";    // with cp: "ring" or "all-to-all" (spec/context_parallel.h)
   bool sequence_parallel = false;  // with tp: norm / residual regions sharded along the token rows
   bool tp_overlap = true;          // with tp: weight-gradient GEMMs under the input-gradient collectives
   std::string pipeline_schedule = "1f1b";  // with pp: gpipe | 1f1b | interleaved-1f1b | zb-h1

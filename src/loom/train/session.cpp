@@ -208,8 +208,13 @@ SessionSummary Session::run() {
     say(fmt::format("pipeline: {} schedule, {} chunks of blocks {}", cfg.parallel.pipeline_schedule, stages->chunks(),
                     stages->str()));
   }
+  if (cfg.parallel.cp > 1)
+    say(fmt::format("context parallelism: {} over {} ranks, {} of each sample's {} tokens per rank (head and tail "
+                    "chunks)",
+                    cfg.parallel.cp_mode, cfg.parallel.cp, cfg.seq_len() / cfg.parallel.cp, cfg.seq_len()));
   const parallel::Parallelism par = parallel::parallelize(
-      mesh.get(), backend, {cfg.parallel.sequence_parallel, cfg.parallel.tp_overlap}, stages ? &*stages : nullptr);
+      mesh.get(), backend, {cfg.parallel.sequence_parallel, cfg.parallel.tp_overlap}, stages ? &*stages : nullptr,
+      spec::parse_cp_mode(cfg.parallel.cp_mode));
   Trainer trainer(cfg, backend, peak.flops_per_s, &par);
   say("data: " + trainer.data().describe());
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");

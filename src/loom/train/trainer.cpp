@@ -36,15 +36,27 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
       pp_(par_.pp && par_.pp->size() > 1 ? par_.pp : nullptr),
       dp_size_(dp_ ? dp_->size() : 1),
       dp_rank_(dp_ ? dp_->rank() : 0),
+      cp_(par_.cp_size()),
+      cp_rank_(par_.cp_rank()),
+      data_ranks_(dp_size_ / cp_),
+      data_rank_(dp_rank_ / cp_),
       peak_flops_(peak_flops),
       flops_per_token_(spec::model_flops_per_token(cfg.model.resolved, cfg.seq_len())),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
       data_(make_token_source(cfg)) {
   cfg_.validate();
-  if (dp_size_ != cfg_.parallel.dp)
+  if (cp_ != cfg_.parallel.cp)
+    throw ConfigError("parallel.cp = " + std::to_string(cfg_.parallel.cp) + " but the context-parallel group has " +
+                      std::to_string(cp_) + " rank(s)");
+  if (dp_size_ != cfg_.parallel.dp * cfg_.parallel.cp)
     throw ConfigError("parallel.dp = " + std::to_string(cfg_.parallel.dp) + " but the data-parallel group has " +
-                      std::to_string(dp_size_) + " rank(s): start parallel.dp ranks (loom run -n " +
+                      std::to_string(dp_size_ / cp_) + " rank(s): start parallel.dp ranks (loom run -n " +
                       std::to_string(cfg_.parallel.dp) + " -- loom train ...)");
+  if (cp_ > 1) {
+    spec::validate_context_parallel(cfg_.model.resolved, cfg_.seq_len(), cp_,
+                                    spec::parse_cp_mode(cfg_.parallel.cp_mode), static_cast<int>(cfg_.parallel.tp));
+    cp_positions_ = spec::context_positions(cfg_.seq_len(), cp_, cp_rank_);
+  }
   if (par_.shard.tp_size != cfg_.parallel.tp)
     throw ConfigError("parallel.tp = " + std::to_string(cfg_.parallel.tp) + " but the tensor-parallel group has " +
                       std::to_string(par_.shard.tp_size) + " rank(s)");
@@ -68,7 +80,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   if (cfg_.stochastic_rounding) params_->use_stochastic_rounding(cfg_.train.seed);
   params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get(),
-                                                 cfg_.train.recompute);
+                                                 cfg_.train.recompute, par_.attention.get());
   if (cfg_.fp8) {
     const auto& o = cfg_.fp8_options;
     fp8_ = std::make_unique<model::Fp8Recipe>(
@@ -84,17 +96,21 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   if (pp_)
     pipeline_ = std::make_unique<PipelineExecutor>(
         *model_, backend_, *pp_, par_.stages, spec::parse_schedule(cfg_.parallel.pipeline_schedule), cfg_.micro_batch(),
-        cfg_.seq_len(), lowp_mode && cfg_.parallel.pipeline_bf16_transfers, backend_.tracer());
+        local_seq_len(), lowp_mode && cfg_.parallel.pipeline_bf16_transfers, backend_.tracer());
   else
-    ctx_ = model_->make_context(cfg_.micro_batch(), cfg_.seq_len());
+    ctx_ = model_->make_context(cfg_.micro_batch(), local_seq_len());
   data_parallel_->attach({params_->master().defined() ? params_->master().data<float>() : nullptr,
                           params_->lowp().defined() ? params_->lowp().data<bf16>() : nullptr,
                           params_->grads().data<float>(), params_->master_pages(), params_->lowp_pages(),
                           params_->grad_pages()});
   hooks_ = std::make_unique<StepHooks>(*data_parallel_);
   model_->set_hooks(hooks_.get());
-  tokens_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
-  targets_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
+  tokens_ = Tensor::empty({cfg_.micro_batch(), local_seq_len()}, DType::I32, alloc, MemCategory::Activations);
+  targets_ = Tensor::empty({cfg_.micro_batch(), local_seq_len()}, DType::I32, alloc, MemCategory::Activations);
+  if (cp_ > 1) {
+    whole_tokens_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
+    whole_targets_ = Tensor::empty({cfg_.micro_batch(), cfg_.seq_len()}, DType::I32, alloc, MemCategory::Activations);
+  }
 }
 
 StepMetrics Trainer::train_step(int64_t step) {
@@ -102,10 +118,11 @@ StepMetrics Trainer::train_step(int64_t step) {
   profile::Span step_span(tracer, "step", profile::Category::Step);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t mb = cfg_.micro_batch(), T = cfg_.seq_len();
-  // Data order is a function of the global sample index: dp rank r runs the r-th share of the batch.
-  const int64_t share = cfg_.train.batch_size / dp_size_;
+  // Data order is a function of the global sample index: dp rank r runs the r-th share of the batch
+  // (its cp ranks each their tokens of those samples).
+  const int64_t share = cfg_.train.batch_size / data_ranks_;
   const int64_t n_micro = share / mb;
-  const int64_t first = (step - 1) * cfg_.train.batch_size + dp_rank_ * share;
+  const int64_t first = (step - 1) * cfg_.train.batch_size + data_rank_ * share;
   // Every sample holds T targets (no padding), so the loss is the mean over batch * T of them.
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
   parallel::DataParallel& dp = *data_parallel_;
@@ -114,8 +131,10 @@ StepMetrics Trainer::train_step(int64_t step) {
   std::vector<double> pipeline_idle;
   const double comm_cpu0 = dp.comm_cpu_seconds();
   const double tp_cpu0 = tp_ ? tp_->stats().comm_cpu_seconds : 0;
+  const double cp_cpu0 = par_.cp ? par_.cp->stats().comm_cpu_seconds : 0;
   const double dp_wait0 = dp.wait_seconds();
   const double tp_wait0 = par_.tp_wait_seconds();
+  const double cp_wait0 = par_.cp_wait_seconds();
   if (pipeline_) {
     // The schedule interleaves the micro-batches' passes; the data-parallel reduction waits for all of
     // them (no reduction under backward), then goes at once.
@@ -157,6 +176,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   if (dp_ && !data_parallel_->gradients_sharded() && dp_sum(std::isfinite(norm) ? 0.0 : 1.0) > 0)
     norm = std::numeric_limits<double>::quiet_NaN();
   const double lr = schedule_.at(step);
+  // Each replica's micro-batch losses are means over its tokens, all replicas holding equally many.
   const double mean_loss = loss_sum / static_cast<double>(n_micro * dp_size_);
   // A bad step is not applied (no update; the gradients are cleared at the next step's start). The
   // step still counts: its data is consumed and the schedule moves on.
@@ -177,8 +197,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   }
   StepMetrics s;
   end_fp8_step(s);
-  // Seconds this thread waited on dp and tp collectives (communication nothing overlapped).
-  const double exposed = dp.wait_seconds() - dp_wait0 + par_.tp_wait_seconds() - tp_wait0;
+  // Seconds this thread waited on dp, tp and cp collectives (communication nothing overlapped).
+  const double exposed =
+      dp.wait_seconds() - dp_wait0 + par_.tp_wait_seconds() - tp_wait0 + par_.cp_wait_seconds() - cp_wait0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (pipeline_) {
@@ -203,6 +224,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   s.exposed_comm_seconds = exposed;
   s.comm_cpu_seconds = dp.comm_cpu_seconds() - comm_cpu0;
   if (tp_) s.comm_cpu_seconds += tp_->stats().comm_cpu_seconds - tp_cpu0;
+  if (par_.cp && par_.cp != dp_) s.comm_cpu_seconds += par_.cp->stats().comm_cpu_seconds - cp_cpu0;
   s.mfu = peak_flops_ > 0 ? s.tokens_per_s * flops_per_token_ / (peak_flops_ * par_.world) : 0.0;
   return s;
 }
@@ -233,7 +255,15 @@ void Trainer::load(int64_t first_sample, Split split) {
     return f && std::sscanf(f, "slow_data:%d", &ms) == 1 ? ms : 0;
   }();
   if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
-  data_->fill(tokens_, targets_, first_sample, split);
+  if (cp_ == 1) return data_->fill(tokens_, targets_, first_sample, split);
+  data_->fill(whole_tokens_, whole_targets_, first_sample, split);
+  const int64_t T = cfg_.seq_len(), Tl = local_seq_len();
+  for (int64_t b = 0; b < cfg_.micro_batch(); ++b)
+    for (int64_t t = 0; t < Tl; ++t) {
+      const int64_t from = b * T + cp_positions_[static_cast<size_t>(t)], to = b * Tl + t;
+      tokens_.data<int32_t>()[to] = whole_tokens_.data<int32_t>()[from];
+      targets_.data<int32_t>()[to] = whole_targets_.data<int32_t>()[from];
+    }
 }
 
 std::string Trainer::non_finite_gradient() const {
@@ -278,21 +308,21 @@ double Trainer::evaluate() {
   // the layout: each dp rank takes its share of every batch, as in training, in micro-batches of its
   // size. So every layout evaluates the same samples, and every rank runs the same number of forwards
   // (ZeRO-3 gathers weights collectively in each).
-  const int64_t B = cfg_.train.batch_size, mb = cfg_.micro_batch(), share = B / dp_size_;
-  double sum = 0;  // of micro-batch mean losses: all hold mb x T targets, so their mean is the mean loss
+  const int64_t B = cfg_.train.batch_size, mb = cfg_.micro_batch(), share = B / data_ranks_;
+  double sum = 0;  // of micro-batch mean losses: all hold mb x T / cp targets, so their mean is the mean loss
   for (int64_t b = 0; b < cfg_.train.eval_batches; ++b) {
     if (pipeline_) {
       sum += pipeline_->evaluate(static_cast<int>(share / mb), tokens_, targets_, [&](int64_t m) {
-        load(b * B + dp_rank_ * share + m * mb, Split::Validation);
+        load(b * B + data_rank_ * share + m * mb, Split::Validation);
       });
       continue;
     }
     for (int64_t m = 0; m < share / mb; ++m) {
-      load(b * B + dp_rank_ * share + m * mb, Split::Validation);
+      load(b * B + data_rank_ * share + m * mb, Split::Validation);
       sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
     }
   }
-  return dp_sum(pp_sum(sum)) / static_cast<double>(cfg_.train.eval_batches * (B / mb));
+  return dp_sum(pp_sum(sum)) / static_cast<double>(cfg_.train.eval_batches * (B / mb) * cp_);
 }
 
 void Trainer::check_replicas(int64_t step) {
@@ -447,7 +477,7 @@ void Trainer::check_pipeline_messages_fit() const {
   // channel takes the whole message without its receiver. GPipe, 1F1B and zb-h1 never need that.
   if (spec::parse_schedule(cfg_.parallel.pipeline_schedule) != spec::PipelineSchedule::Interleaved1F1B) return;
   const bool bf16_wire = cfg_.precision == model::Precision::BF16 && cfg_.parallel.pipeline_bf16_transfers;
-  const int64_t rows = cfg_.micro_batch() * cfg_.seq_len() / par_.ops->sequence_shards();
+  const int64_t rows = cfg_.micro_batch() * local_seq_len() / par_.ops->sequence_shards();
   const auto bytes = static_cast<size_t>(rows * cfg_.model.resolved.d_model * (bf16_wire ? 2 : 4));
   const size_t buffered = pp_->buffered_message_bytes();
   if (bytes <= buffered) return;

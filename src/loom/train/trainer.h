@@ -125,7 +125,8 @@ class Trainer {
 
   // Tensor or pipeline parallelism: the shards of dp rank 0's model-parallel group gathered into whole
   // tensors on its rank 0.
-  // The micro-batch of samples from `first_sample` into tokens_ / targets_ (traced as data loading).
+  // The micro-batch of samples from `first_sample` into tokens_ / targets_ (traced as data loading):
+  // under context parallelism, this rank's tokens of each.
   void load(int64_t first_sample, Split split);
   void gather_model_shards();
   // Refuses, before any step, a pipeline whose transfers its schedule cannot run without deadlock here.
@@ -135,6 +136,8 @@ class Trainer {
   // The name of the token embedding.
   const char* embedding_name() const;
 
+  // Tokens of each sample this rank holds (seq_len / cp).
+  int64_t local_seq_len() const { return cfg_.seq_len() / cp_; }
   // Sums a value over the dp / tp group (identity alone).
   double dp_sum(double v) const;
   // fp8: the step's amaxes (max) and overflow / underflow counts (sum) over every rank, into the
@@ -150,10 +153,15 @@ class Trainer {
   kernels::Backend& backend_;
   parallel::Parallelism own_par_;  // when the caller gave none: the whole model, locally
   const parallel::Parallelism& par_;
-  comm::ProcessGroup* dp_;
+  comm::ProcessGroup* dp_;  // the replicas: dp x cp ranks holding the same weights (parallelize.h)
   comm::ProcessGroup* tp_;
   comm::ProcessGroup* pp_;
-  int dp_size_ = 1, dp_rank_ = 0;
+  int dp_size_ = 1, dp_rank_ = 0;  // in the replica group
+  // Context parallelism: cp ranks share each sample, rank cp_rank_ holding the tokens at cp_positions_
+  // (spec::context_positions); the data shares go by the dp coordinate, data_rank_ of data_ranks_.
+  int cp_ = 1, cp_rank_ = 0;
+  int data_ranks_ = 1, data_rank_ = 0;
+  std::vector<int32_t> cp_positions_;
   // DDP / ZeRO-1: the gradient arena in the dp group's registered memory, so the reductions read it in
   // place instead of staging a copy (plain memory when the group's arena has no room). Declared before
   // params_ so it outlives the views into it.
@@ -172,7 +180,8 @@ class Trainer {
   LrSchedule schedule_;
   std::unique_ptr<TokenSource> data_;
   model::ActivationContext ctx_;
-  Tensor tokens_, targets_;
+  Tensor tokens_, targets_;                // this rank's tokens of each sample ([micro-batch, seq_len / cp])
+  Tensor whole_tokens_, whole_targets_;    // cp > 1: the whole samples, loaded before this rank's part
   int64_t start_step_ = 0;
   int64_t tokens_seen_ = 0;
   double elapsed_ = 0;
