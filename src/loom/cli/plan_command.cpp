@@ -264,7 +264,7 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_option("--precision", o->precision,
                   "GEMM precision: bf16 | bf16-pure (bf16 weights and Adam moments, no fp32 master) | fp8")
       ->check(CLI::IsMember({"bf16", "bf16-pure", "fp8"}));
-  cmd->add_option("--fix", o->fix, "pin a layout knob: dp= tp= pp= cp= ep= v= mb= zero= sp= recompute= schedule=");
+  cmd->add_option("--fix", o->fix, "pin a layout knob: dp= tp= pp= cp= cp_mode= ep= v= mb= zero= sp= recompute= schedule=");
   cmd->add_option("--top", o->top, "how many layouts to list")->check(finite_range(1, 100000));
   cmd->add_flag("--explain", o->explain, "walk through the best layout's numbers");
   cmd->add_flag("--json", o->json, "machine-readable output");

@@ -257,17 +257,6 @@ void run_backward(const Dims& s, const KernelSet& kern, const BackwardArgs& a, A
   }
 }
 
-// A block runs on the f32 kernels: the bf16 ones tile only self-attention. A forced bf16 path is refused.
-const KernelSet& block_kernels(const AttentionShape& shape, std::optional<AttentionPath> path, const char* op) {
-  AttentionShape f32 = shape;
-  f32.bf16 = false;
-  const AttentionPath p = resolve(f32, path, op);
-  if (p == AttentionPath::Bf16Avx512)
-    throw Error(std::string(op) + ": the " + attention_path_name(p) + " path runs self-attention only; a block of "
-                "separate keys runs on an f32 path");
-  return kernels(p);
-}
-
 void validate_block(const AttentionShape& s, int64_t Tk, const char* op) {
   validate(s, op);
   if (Tk <= 0) throw ShapeError(std::string(op) + ": the key block must hold at least one token (Tk = " + std::to_string(Tk) + ")");
@@ -293,14 +282,14 @@ void attention_block_forward(float* out, float* lse, const float* q, const float
   validate_block(shape, Tk, "attention_block_forward");
   Dims s = make_block_dims(shape, Tk);
   s.kv = kv;
-  run_forward(s, block_kernels(shape, path, "attention_block_forward"), out, lse, q, alloc);
+  run_forward(s, kernels(resolve(shape, path, "attention_block_forward")), out, lse, q, alloc);
 }
 
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse,
                               const float* q, const float* kv, int64_t Tk, const AttentionShape& shape,
                               Allocator& alloc, std::optional<AttentionPath> path) {
   validate_block(shape, Tk, "attention_block_backward");
-  run_backward(make_block_dims(shape, Tk), block_kernels(shape, path, "attention_block_backward"),
+  run_backward(make_block_dims(shape, Tk), kernels(resolve(shape, path, "attention_block_backward")),
                BackwardArgs{dq, dout, out, lse, q, kv, dkv}, alloc);
 }
 

@@ -47,7 +47,7 @@ KernelCost attention_cost(const AttentionShape& s, bool backward);
 // kv [B, Tk, 2 KVH D] (each row: KVH key heads, then KVH value heads); out [B, T, H D], lse [B, H, T]
 // as above. Backward takes the final out and lse of the queries' rows (over every block they attend
 // to, so P is the true softmax), and writes dq [B, T, H D] and dkv [B, Tk, 2 KVH D] (this block's
-// share of the key/value gradients). Runs on the f32 paths (s.bf16 is ignored).
+// share of the key/value gradients). Runs on the path s.bf16 picks, as self-attention does.
 void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int64_t Tk,
                              const AttentionShape& s, Allocator& alloc, std::optional<AttentionPath> path = std::nullopt);
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse,

@@ -299,13 +299,13 @@ ForwardTiles carve_forward(float* ws, int64_t Dp) {
   return t;
 }
 
-// The shared forward pack: K rows [b, g][Tp][Dp/2], then V row pairs [b, g][Tp/2][Dp] (Tp = tiles x 64).
+// The shared forward pack: K rows [b, g][Tp][Dp/2], then V row pairs [b, g][Tp/2][Dp] (Tp = key tiles x 64).
 struct ForwardPacked {
   uint32_t *K, *V;
   int64_t per_head;  // words of one kv head's K (and of its V)
 };
 LOOM_ATTN_INLINE ForwardPacked forward_packed(const Dims& s, const void* base) {
-  const int64_t per_head = s.tiles * kBlock * (s.Dp / 2);
+  const int64_t per_head = s.ktiles * kBlock * (s.Dp / 2);
   auto* w = static_cast<uint32_t*>(const_cast<void*>(base));
   return {w, w + s.B * s.KVH * per_head, per_head};
 }
@@ -336,11 +336,12 @@ constexpr int64_t backward_floats(int64_t Dp) {
          2 * kBlock * kBlock + kBlock;
 }
 
-// K^T and V^T of every key tile (tiles x Dp/2 x 64 words each), K row pairs (Tp/2 x Dp), and per query
-// head of the group Q and dO rows (Tp x Dp/2 each) and row pairs (Tp/2 x Dp each).
+// K^T and V^T of every key tile (ktiles x Dp/2 x 64 words each), K row pairs (Tkp/2 x Dp), and per
+// query head of the group Q and dO rows (Tp x Dp/2 each) and row pairs (Tp/2 x Dp each); Tkp and Tp are
+// the key and query tiles x 64 (the same in self-attention).
 int64_t item_pack_floats(const Dims& s) {
-  const int64_t Tp = s.tiles * kBlock;
-  return Tp * s.Dp + Tp / 2 * s.Dp + s.group * 2 * Tp * s.Dp;
+  const int64_t Tp = s.tiles * kBlock, Tkp = s.ktiles * kBlock;
+  return Tkp * s.Dp + Tkp / 2 * s.Dp + s.group * 2 * Tp * s.Dp;
 }
 
 Bf16BackwardTiles carve_backward(float* ws, int64_t Dp) {
@@ -358,48 +359,49 @@ Bf16BackwardTiles carve_backward(float* ws, int64_t Dp) {
   return t;
 }
 
-// Packs key tile (k0, nk) of kv head g into `dst` (Kb is scratch).
-LOOM_ATTN_INLINE void pack_key_tile(const Dims& s, uint32_t* Kb, const KeyTile& dst, const float* qkv, int64_t b,
+// Packs key tile (k0, nk) of kv head g of the keys' buffer `kv` into `dst` (Kb is scratch).
+LOOM_ATTN_INLINE void pack_key_tile(const Dims& s, uint32_t* Kb, const KeyTile& dst, const float* kv, int64_t b,
                                     int64_t g, int64_t k0, int64_t nk) {
-  const float* tok = qkv + (b * s.T + k0) * s.qkv_row;
-  const float* k = tok + (s.H + g) * s.D;
-  const float* v = tok + (s.H + s.KVH + g) * s.D;
-  convert_rows(Kb, s.Dp, k, s.qkv_row, nk, s.D);
+  const float* tok = kv + (b * s.Tk + k0) * s.kv_row;
+  const float* k = tok + s.k_col + g * s.D;
+  const float* v = tok + s.v_col + g * s.D;
+  convert_rows(Kb, s.Dp, k, s.kv_row, nk, s.D);
   transpose_words(dst.Kt, Kb, s.Dp / 2);
-  convert_rows(Kb, s.Dp, v, s.qkv_row, nk, s.D);
+  convert_rows(Kb, s.Dp, v, s.kv_row, nk, s.D);
   transpose_words(dst.Vt, Kb, s.Dp / 2);
-  pack_row_pairs(dst.Kp, s.Dp, k, s.qkv_row, nk, s.D, s.Dp);
+  pack_row_pairs(dst.Kp, s.Dp, k, s.kv_row, nk, s.D, s.Dp);
 }
 
 // Packs query tile (q0, nq) of head h into `dst`.
 LOOM_ATTN_INLINE void pack_query_tile(const Dims& s, const QueryTile& dst, const BackwardArgs& a, int64_t b, int64_t h,
                                       int64_t q0, int64_t nq) {
-  const float* q = a.qkv + (b * s.T + q0) * s.qkv_row + h * s.D;
+  const float* q = a.qkv + (b * s.T + q0) * s.q_row + h * s.D;
   const float* dout = a.dout + (b * s.T + q0) * s.out_row + h * s.D;
-  convert_rows(dst.Qb, s.Dp, q, s.qkv_row, nq, s.D);
+  convert_rows(dst.Qb, s.Dp, q, s.q_row, nq, s.D);
   convert_rows(dst.dOb, s.Dp, dout, s.out_row, nq, s.D);
-  pack_row_pairs(dst.Qp, s.Dp, q, s.qkv_row, nq, s.D, s.Dp);
+  pack_row_pairs(dst.Qp, s.Dp, q, s.q_row, nq, s.D, s.Dp);
   pack_row_pairs(dst.dOp, s.Dp, dout, s.out_row, nq, s.D, s.Dp);
 }
 
 // Where tile j's / head hh's tile i's operands sit in the by-kv-head item pack.
 LOOM_ATTN_INLINE KeyTile item_key_tile(const Dims& s, uint32_t* item, int64_t j) {
-  const int64_t tile_words = kBlock * (s.Dp / 2), Tp = s.tiles * kBlock;
-  return {item + j * tile_words, item + s.tiles * tile_words + j * tile_words, item + Tp * s.Dp + j * kPairs * s.Dp};
+  const int64_t tile_words = kBlock * (s.Dp / 2), Tkp = s.ktiles * kBlock;
+  return {item + j * tile_words, item + s.ktiles * tile_words + j * tile_words, item + Tkp * s.Dp + j * kPairs * s.Dp};
 }
 LOOM_ATTN_INLINE QueryTile item_query_tile(const Dims& s, uint32_t* item, int64_t hh, int64_t i) {
-  const int64_t Tp = s.tiles * kBlock;
-  uint32_t* head = item + Tp * s.Dp + Tp / 2 * s.Dp + hh * 2 * Tp * s.Dp;
+  const int64_t Tp = s.tiles * kBlock, Tkp = s.ktiles * kBlock;
+  uint32_t* head = item + Tkp * s.Dp + Tkp / 2 * s.Dp + hh * 2 * Tp * s.Dp;
   const int64_t rows = i * kBlock * (s.Dp / 2), pairs = i * kPairs * s.Dp;
   return {head + rows, head + Tp * (s.Dp / 2) + rows, head + Tp * s.Dp + pairs, head + Tp * s.Dp + Tp / 2 * s.Dp + pairs};
 }
 
-// P = exp(scale Q K^T - lse) (masked on the diagonal tile) and dS = scale P (dO V^T - D) in f32, two
+// P = exp(scale Q K^T - lse) (masked on the diagonal tile, and past the last of nk keys: a block's
+// partial key tile is not diagonal, and its pairs reach one key past nk) and dS = scale P (dO V^T - D) in f32, two
 // query rows at a time, written straight into the layouts their products read: pairs of queries
 // (dV, dK) and, when dQ is wanted, bf16 rows (dQ). The scores come out of their product in base 2.
 LOOM_ATTN_INLINE void tile_probabilities(const Dims& s, Bf16BackwardTiles& w, const KeyTile& key,
                                          const QueryTile& query, const float* lse_rows, const float* Di, int64_t nq,
-                                         bool diag, bool want_dq) {
+                                         int64_t nk, bool diag, bool want_dq) {
   const int64_t words = s.Dp / 2;
   const Causal half = diag ? Causal::ColsToRow : Causal::None;
   dp_matmul(w.P, kBlock, nullptr, false, s.scale * kLog2e, query.Qb, words, 1, key.Kt, kBlock, nq, words, kBlock, half);
@@ -409,6 +411,7 @@ LOOM_ATTN_INLINE void tile_probabilities(const Dims& s, Bf16BackwardTiles& w, co
     __m512 x = _mm512_sub_ps(_mm512_loadu_ps(w.P + r * kBlock + v * 16), _mm512_set1_ps(lse_rows[r] * kLog2e));
     __m512 dp = _mm512_sub_ps(_mm512_loadu_ps(w.dS + r * kBlock + v * 16), _mm512_set1_ps(Di[r]));
     if (diag) x = mask_keys_after(x, v, r), dp = zero_keys_after(dp, v, r);  // both may be stale there
+    else if (nk < kBlock) x = mask_keys_after(x, v, nk - 1);  // P = 0 there, so dS = 0
     p = exp2_ps(x);
     ds = _mm512_mul_ps(_mm512_mul_ps(p, dp), scale);
   };
@@ -437,17 +440,16 @@ int64_t bf16_backward_tile_floats(const Dims& s, bool by_kv_head) {
   return backward_floats(s.Dp) + (by_kv_head ? item_pack_floats(s) : 0);
 }
 
-int64_t bf16_forward_packed_floats(const Dims& s) { return 2 * s.B * s.KVH * s.tiles * kBlock * (s.Dp / 2); }
-int64_t bf16_forward_pack_tasks(const Dims& s) { return s.B * s.KVH * s.tiles; }
+int64_t bf16_forward_packed_floats(const Dims& s) { return 2 * s.B * s.KVH * s.ktiles * kBlock * (s.Dp / 2); }
+int64_t bf16_forward_pack_tasks(const Dims& s) { return s.B * s.KVH * s.ktiles; }
 
 void bf16_forward_pack(const Dims& s, const float* qkv, float* packed, int64_t task) {
   const ForwardPacked p = forward_packed(s, packed);
-  const int64_t j = task % s.tiles, bg = task / s.tiles, b = bg / s.KVH, g = bg % s.KVH;
-  const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
-  const float* tok = qkv + (b * s.T + k0) * s.qkv_row;
-  convert_rows(p.K + bg * p.per_head + k0 * (s.Dp / 2), s.Dp, tok + (s.H + g) * s.D, s.qkv_row, nk, s.D);
-  pack_row_pairs(p.V + bg * p.per_head + (k0 / 2) * s.Dp, s.Dp, tok + (s.H + s.KVH + g) * s.D, s.qkv_row, nk, s.D,
-                 s.Dp);
+  const int64_t j = task % s.ktiles, bg = task / s.ktiles, b = bg / s.KVH, g = bg % s.KVH;
+  const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
+  const float* tok = (s.kv ? s.kv : qkv) + (b * s.Tk + k0) * s.kv_row;
+  convert_rows(p.K + bg * p.per_head + k0 * (s.Dp / 2), s.Dp, tok + s.k_col + g * s.D, s.kv_row, nk, s.D);
+  pack_row_pairs(p.V + bg * p.per_head + (k0 / 2) * s.Dp, s.Dp, tok + s.v_col + g * s.D, s.kv_row, nk, s.D, s.Dp);
 }
 
 void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t i,
@@ -455,19 +457,20 @@ void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float*
   const int64_t D = s.D, Dp = s.Dp, words = Dp / 2, g = h / s.group;
   ForwardTiles w = carve_forward(ws, Dp);
   const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
-  const float* tok = qkv + b * s.T * s.qkv_row;  // token 0 of this batch row
+  const float* tok = qkv + b * s.T * s.q_row;  // query token 0 of this batch row
   const ForwardPacked packed = forward_packed(s, s.packed);
   const uint32_t* K = packed.K + (b * s.KVH + g) * packed.per_head;  // bf16 rows
   const uint32_t* V = packed.V + (b * s.KVH + g) * packed.per_head;  // row pairs
-  convert_rows(w.Qb, Dp, tok + q0 * s.qkv_row + h * D, s.qkv_row, nq, D);
+  convert_rows(w.Qb, Dp, tok + q0 * s.q_row + h * D, s.q_row, nq, D);
   transpose_words(w.Qt, w.Qb, words);
   std::fill(w.O, w.O + kBlock * Dp, 0.0f);
   std::fill(w.m, w.m + kBlock, kMasked);
   std::fill(w.l, w.l + kBlock, 0.0f);
 
-  for (int64_t j = 0; j <= i; ++j) {
-    const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
-    const bool diag = j == i;
+  const int64_t j_last = s.causal ? i : s.ktiles - 1;
+  for (int64_t j = 0; j <= j_last; ++j) {
+    const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
+    const bool diag = s.causal && j == i;
     dp_matmul(w.St, kBlock, nullptr, false, s.scale * kLog2e, K + k0 * words, words, 1, w.Qt, kBlock, nk, words,
               kBlock, diag ? Causal::ColsFromRow : Causal::None);
     // The online softmax over this tile's keys (base 2), as the f32 forward does it: the new running
@@ -527,23 +530,27 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
       const int64_t off = (b * s.T) * s.out_row + (g * s.group + hh) * D;
       S::row_dots(Di_all + hh * s.T, a.dout + off, a.out + off, s.out_row, s.T, D);
     }
-    for (int64_t j = 0; j < s.tiles; ++j) {
-      const int64_t t0 = j * kBlock, n = std::min(kBlock, s.T - t0);
-      pack_key_tile(s, w.Kb, item_key_tile(s, w.item, j), a.qkv, b, g, t0, n);
+    for (int64_t j = 0; j < s.ktiles; ++j) {
+      const int64_t k0 = j * kBlock;
+      pack_key_tile(s, w.Kb, item_key_tile(s, w.item, j), a.kv, b, g, k0, std::min(kBlock, s.Tk - k0));
+    }
+    for (int64_t i = 0; i < s.tiles; ++i) {
+      const int64_t q0 = i * kBlock;
       for (int64_t hh = 0; hh < s.group; ++hh)
-        pack_query_tile(s, item_query_tile(s, w.item, hh, j), a, b, g * s.group + hh, t0, n);
+        pack_query_tile(s, item_query_tile(s, w.item, hh, i), a, b, g * s.group + hh, q0, std::min(kBlock, s.T - q0));
     }
   }
   for (int64_t j = j_begin; j < j_end; ++j) {
-    const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
+    const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
     const KeyTile key = packed ? item_key_tile(s, w.item, j) : w.key;
-    if (!packed) pack_key_tile(s, w.Kb, key, a.qkv, b, g, k0, nk);
+    if (!packed) pack_key_tile(s, w.Kb, key, a.kv, b, g, k0, nk);
     std::fill(w.dK, w.dK + kBlock * Dp, 0.0f);
     std::fill(w.dV, w.dV + kBlock * Dp, 0.0f);
     for (int64_t hh = 0; hh < s.group; ++hh) {
       const int64_t h = g * s.group + hh;
-      for (int64_t i = j; i < s.tiles; ++i) {
+      for (int64_t i = s.causal ? j : 0; i < s.tiles; ++i) {
         const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
+        const bool diag = s.causal && i == j;
         const QueryTile query = packed ? item_query_tile(s, w.item, hh, i) : w.query;
         if (!packed) pack_query_tile(s, query, a, b, h, q0, nq);
         const float* Di = w.Di;
@@ -553,9 +560,9 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
           const int64_t off = (b * s.T + q0) * s.out_row + h * D;
           S::row_dots(w.Di, a.dout + off, a.out + off, s.out_row, nq, D);
         }
-        tile_probabilities(s, w, key, query, a.lse + (b * s.H + h) * s.T + q0, Di, nq, i == j, packed);
+        tile_probabilities(s, w, key, query, a.lse + (b * s.H + h) * s.T + q0, Di, nq, nk, diag, packed);
         const int64_t query_pairs = (nq + 1) / 2;
-        const Causal from = i == j ? Causal::PairsFromRow : Causal::None, to = i == j ? Causal::PairsToRow : Causal::None;
+        const Causal from = diag ? Causal::PairsFromRow : Causal::None, to = diag ? Causal::PairsToRow : Causal::None;
         dp_matmul(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp, from);  // P^T dO
         dp_matmul(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp, from);  // dS^T Q
         if (packed)  // dQ_i += dS K_j
@@ -563,13 +570,13 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
                     Dp, to);
       }
     }
-    float* tok = a.dqkv + (b * s.T + k0) * s.qkv_row;
-    S::write_rows(tok + (s.H + g) * D, s.qkv_row, w.dK, Dp, nk, D);
-    S::write_rows(tok + (s.H + s.KVH + g) * D, s.qkv_row, w.dV, Dp, nk, D);
+    float* tok = a.dkv + (b * s.Tk + k0) * s.kv_row;
+    S::write_rows(tok + s.k_col + g * D, s.kv_row, w.dK, Dp, nk, D);
+    S::write_rows(tok + s.v_col + g * D, s.kv_row, w.dV, Dp, nk, D);
   }
   if (packed)
     for (int64_t hh = 0; hh < s.group; ++hh)
-      S::write_rows(a.dqkv + b * s.T * s.qkv_row + (g * s.group + hh) * D, s.qkv_row, dQ + hh * s.T * Dp, Dp, s.T, D);
+      S::write_rows(a.dqkv + b * s.T * s.q_row + (g * s.group + hh) * D, s.q_row, dQ + hh * s.T * Dp, Dp, s.T, D);
 }
 
 void bf16_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i, float* ws) {
@@ -580,14 +587,16 @@ void bf16_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, i
   const int64_t off = (b * s.T + q0) * s.out_row + h * D;
   S::row_dots(w.Di, a.dout + off, a.out + off, s.out_row, nq, D);
   std::fill(w.dQ, w.dQ + kBlock * Dp, 0.0f);
-  for (int64_t j = 0; j <= i; ++j) {
-    const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.T - k0);
-    pack_key_tile(s, w.Kb, w.key, a.qkv, b, g, k0, nk);
-    tile_probabilities(s, w, w.key, w.query, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, i == j, true);
+  const int64_t j_last = s.causal ? i : s.ktiles - 1;
+  for (int64_t j = 0; j <= j_last; ++j) {
+    const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
+    const bool diag = s.causal && i == j;
+    pack_key_tile(s, w.Kb, w.key, a.kv, b, g, k0, nk);
+    tile_probabilities(s, w, w.key, w.query, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, nk, diag, true);
     dp_matmul(w.dQ, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, w.key.Kp, Dp, nq, (nk + 1) / 2, Dp,
-              i == j ? Causal::PairsToRow : Causal::None);
+              diag ? Causal::PairsToRow : Causal::None);
   }
-  S::write_rows(a.dqkv + (b * s.T + q0) * s.qkv_row + h * D, s.qkv_row, w.dQ, Dp, nq, D);
+  S::write_rows(a.dqkv + (b * s.T + q0) * s.q_row + h * D, s.q_row, w.dQ, Dp, nq, D);
 }
 
 }  // namespace loom::kernels::attention_detail

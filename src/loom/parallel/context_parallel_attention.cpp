@@ -95,7 +95,7 @@ void ContextParallelAttention::reserve(const kernels::AttentionShape& s) {
   if (mode_ == spec::CpMode::Ring) {
     for (Slot slot : {kKv0, kKv1, kAcc0, kAcc1, kDkv}) at_least(slot, B * Tl * KD2);
     at_least(kKvHead, B * c * KD2);
-    for (Slot slot : {kQ, kOutBlock, kDq}) at_least(slot, B * Tl * HD);
+    for (Slot slot : {kQ, kBlock}) at_least(slot, B * Tl * HD);
     at_least(kQTail, B * c * HD);
     at_least(kLseBlock, B * s.H * Tl);
     at_least(kTail, 2 * B * c * HD);
@@ -198,13 +198,13 @@ void ContextParallelAttention::ring_forward(const Tensor& out, const Tensor& lse
       const Tensor head = scratch(kKvHead, {B, c, KD2});
       for (int64_t b = 0; b < B; ++b)
         copy_rows(head.data<float>() + b * c * KD2, KD2, here.data<float>() + b * Tl * KD2, KD2, c, KD2);
-      const Tensor o = scratch(kOutBlock, {B, Tl, HD}), l = scratch(kLseBlock, {B, s.H, Tl});
+      const Tensor o = scratch(kBlock, {B, Tl, HD}), l = scratch(kLseBlock, {B, s.H, Tl});
       be_.attention_block_forward(o, l, q, head, s);
       merge_block(out.data<float>(), lse.data<float>(), o.data<float>(), l.data<float>(), B, s.H, s.D, Tl, 0, Tl);
     } else {
       kernels::AttentionShape st = s;
       st.T = c;
-      const Tensor o = scratch(kOutBlock, {B, c, HD}), l = scratch(kLseBlock, {B, s.H, c});
+      const Tensor o = scratch(kBlock, {B, c, HD}), l = scratch(kLseBlock, {B, s.H, c});
       be_.attention_block_forward(o, l, q_tail, here, st);
       merge_block(out.data<float>(), lse.data<float>(), o.data<float>(), l.data<float>(), B, s.H, s.D, Tl, c, c);
     }
@@ -255,7 +255,7 @@ void ContextParallelAttention::ring_backward(const Tensor& dqkv, const Tensor& d
     const int64_t qrows = head_keys ? Tl : c, krows = head_keys ? c : Tl;
     kernels::AttentionShape sb = s;
     sb.T = qrows;
-    const Tensor dq = scratch(kDq, {B, qrows, HD}), dkv = scratch(kDkv, {B, krows, KD2});
+    const Tensor dq = scratch(kBlock, {B, qrows, HD}), dkv = scratch(kDkv, {B, krows, KD2});
     if (head_keys) {
       const Tensor keys = scratch(kKvHead, {B, c, KD2});
       for (int64_t b = 0; b < B; ++b)

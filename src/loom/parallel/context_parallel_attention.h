@@ -38,8 +38,9 @@ class ContextParallelAttention final : public kernels::AttentionOps {
   double in_flight_seconds() const { return in_flight_.in_flight_seconds(); }
 
  private:
+  // kBlock holds one K/V block's output in the ring's forward and its dQ in backward (never both live).
   enum Slot {
-    kKv0, kKv1, kKvHead, kQ, kQTail, kOut, kOutBlock, kLseBlock, kDq, kDkv, kAcc0, kAcc1, kTail, kSend, kRecv, kSlots
+    kKv0, kKv1, kKvHead, kQ, kQTail, kOut, kBlock, kLseBlock, kDq, kDkv, kAcc0, kAcc1, kTail, kSend, kRecv, kSlots
   };
   Tensor scratch(Slot slot, const Shape& shape);
   void reserve(const kernels::AttentionShape& s);  // every slot the mode uses, at its largest

@@ -110,18 +110,28 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (j.software.recompute && l.recompute != *j.software.recompute)
     return {Reject::Engine, fmt::format("the software profile {} runs recompute = {}", j.software.profile,
                                         recompute_name(*j.software.recompute))};
-  if (j.software.loom_engine && (l.cp > 1 || l.ep > 1))
+  if (j.software.loom_engine && l.ep > 1)
     return {Reject::Engine,
-            "Loom's engine runs data, tensor and pipeline parallelism (dp x ZeRO x tp, sp x pp) only: cp and ep wait "
+            "Loom's engine runs data, tensor, pipeline and context parallelism (dp x ZeRO x tp, sp x pp x cp): ep waits "
             "for it"};
+  if (l.cp_all_to_all && l.cp > 1) {
+    // Ulysses gives each cp rank whole heads of what tp left it: the same rule loom train applies.
+    const int64_t heads = c.n_heads / l.tp, kv = spec::kv_heads_per_rank(c, l.tp);
+    if (heads % l.cp || kv % l.cp)
+      return div(fmt::format("cp = {} all-to-all needs {} query and {} KV heads per tp rank divisible by cp", l.cp,
+                             heads, kv));
+  }
   if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble && l.recompute != Recompute::None)
     return {Reject::Engine, "Loom's engine runs the zero-bubble schedule without recompute (its weight pass reads "
                             "GEMM inputs recompute does not keep)"};
   if (j.software.loom_engine && l.pp > 1 && l.schedule == Schedule::ZeroBubble && l.tp > 1)
     return {Reject::Engine, "Loom's engine runs the zero-bubble schedule at tp = 1 only (its TP ops do not split backward)"};
-  if (j.software.loom_engine && l.pp > 1 && l.zero >= 2 && l.dp > 1)
+  if (j.software.loom_engine && l.pp > 1 && l.zero >= 2 && l.dp * l.cp > 1)
     return {Reject::Engine, "Loom's engine runs pipeline parallelism with ZeRO 0 or 1 (ZeRO-2/3 reduce per micro-batch backward)"};
-  if (l.zero > 0 && l.dp == 1) return div("ZeRO needs dp > 1");
+  // Loom's engine shards the optimizer over the data replicas dp x cp (Megatron's distributed optimizer
+  // over its data-parallel-with-context group does the same); the published stacks' profiles over dp.
+  if (l.zero > 0 && (j.software.loom_engine ? l.dp * l.cp : l.dp) == 1)
+    return div(j.software.loom_engine ? "ZeRO needs dp x cp > 1" : "ZeRO needs dp > 1");
   if (l.ep > 1) {
     if (!j.model.is_moe()) return div("ep > 1 needs a mixture-of-experts model");
     if (j.model.n_experts % l.ep || l.dp % l.ep)

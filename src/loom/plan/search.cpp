@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "loom/error.h"
+#include "loom/spec/context_parallel.h"
 
 namespace loom::plan {
 
@@ -67,8 +68,11 @@ void apply_fix(Fixed& f, const std::string& kv) {
     else if (v == "interleaved") f.schedule = Schedule::Interleaved;
     else if (v == "zero-bubble") f.schedule = Schedule::ZeroBubble;
     else throw ConfigError("--fix schedule=" + v + ": valid: gpipe, 1f1b, interleaved, zero-bubble");
+  } else if (k == "cp_mode") {
+    f.cp_all_to_all = spec::parse_cp_mode(v) == spec::CpMode::AllToAll;
   } else {
-    throw ConfigError("--fix '" + k + "' is not a layout key (valid: dp tp pp cp ep v mb zero sp recompute schedule)");
+    throw ConfigError("--fix '" + k +
+                      "' is not a layout key (valid: dp tp pp cp cp_mode ep v mb zero sp recompute schedule)");
   }
 }
 
@@ -91,7 +95,8 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
         "with the square of the sequence; context parallelism splits it)",
         j.seq, c.name, c.max_seq));
   std::vector<Candidate> ok;
-  auto consider = [&](const Layout& l) {
+  auto consider = [&](Layout l) {
+    l.cp_all_to_all = f.cp_all_to_all.value_or(false);
     ++r.evaluated;
     Verdict v = check_layout(l, j);
     if (v.ok()) {

@@ -20,8 +20,10 @@ struct Fixed {
   std::optional<bool> sp;
   std::optional<Recompute> recompute;
   std::optional<Schedule> schedule;
+  std::optional<bool> cp_all_to_all;  // cp_mode=all-to-all (Ulysses); ring otherwise
 };
-// Parses "key=value" (keys: dp tp pp cp ep v|vpp mb|micro_batch zero sp recompute schedule);
+// Parses "key=value" (keys: dp tp pp cp cp_mode ep v|vpp mb|micro_batch zero sp recompute
+// schedule);
 // throws ConfigError naming the key and the valid choices.
 void apply_fix(Fixed& f, const std::string& key_value);
 

@@ -34,7 +34,7 @@ struct Dims {
   // The key/value side. Self-attention (make_dims): the keys are the queries' own tokens, in qkv, and
   // the mask is causal. A block (make_block_dims, context parallelism's ring): Tk keys of another
   // block in their own buffer [B, Tk, 2 KVH D] (K heads, then V heads), every key visible to every
-  // query. Only the f32 kernels run blocks; the bf16 kernels read the self-attention fields alone.
+  // query. Every kernel set runs both.
   int64_t Tk;              // keys per batch row
   int64_t ktiles;          // ceil(Tk / kBlock)
   bool causal = true;
