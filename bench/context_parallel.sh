@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Context parallelism on long sequences (issue 20 item 5): a narrow Llama (d_model 128, 2 blocks, 4 heads,
+# Context parallelism on long sequences (issue 20 item 5): a narrow Llama (d_model 128, 8 blocks, 4 heads,
 # 2 KV heads, vocabulary 512; bf16) trained on one sample of T = 8192 and T = 16384 tokens per step, as
 # one rank of 2 threads (cp = 1) and as two ranks of one thread splitting every sample (cp = 2, ring
 # and all-to-all). The runs are alternated for `rounds` rounds. Each row: the median tokens/s against
@@ -9,12 +9,13 @@
 # time in flight compute hid (all of them, then per collective from the trace summary).
 #   bash bench/context_parallel.sh [rounds] [steps] [build-dir]
 source "$(dirname "$0")/training_run_setup.sh"
-model=(--set model.preset=tiny-llama --set model.d_model=128 --set model.n_heads=4 --set model.n_kv_heads=2
-       --set model.d_ff=384 --set model.max_seq=16384)
+model=(--set model.preset=tiny-llama --set model.d_model=128 --set model.n_layers=8 --set model.n_heads=4
+       --set model.n_kv_heads=2 --set model.d_ff=384 --set model.max_seq=16384)
 cat >"$tmp/model.toml" <<'EOF'
 [model]
 preset = "tiny-llama"
 d_model = 128
+n_layers = 8
 n_heads = 4
 n_kv_heads = 2
 d_ff = 384
