@@ -48,6 +48,8 @@ struct LayerCost {
   double memory = 0;      // norms, residual adds, dropout, activation functions, RoPE
   double tp_comm = 0;     // TP / SP collectives of the forward
   double cp_comm = 0;     // CP ring exchange of K and V
+  double cp_a2a_fwd = 0;  // CP all-to-all (Loom's Ulysses mode): the forward's two, waited for at once
+  double cp_a2a_bwd = 0;  // and the backward's two
   double ep_comm = 0;     // MoE dispatch + combine
   double flops = 0;       // executed GEMM FLOPs (incl. attention)
 };
@@ -134,8 +136,17 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   const double wire = sw.loom_engine ? 4 : act;
   lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * wire, group(l.tp, 1, dpn), hw);
   // CP: each rank passes its K,V chunk around the ring (cp - 1 hops), overlapped with attention.
-  if (l.cp > 1) {
-    const double chunk = n * 2 * kv_t * act;
+  // Loom's engine moves f32 buffers either way; in all-to-all mode (Ulysses) it sends Q, K, V to the head
+  // shards and the output back (backward: [dO | O] there and dQ, dK, dV back), nothing overlapped.
+  if (l.cp > 1 && sw.loom_engine && l.cp_all_to_all) {
+    const GroupShape g = group(l.cp, l.tp, dpn);
+    const double qkv = n * (q / t + 2 * kv_t) * 4 * l.cp, out = n * (q / t) * 4 * l.cp;  // all ranks' bytes
+    lc.cp_a2a_fwd = group_collective_time(Collective::AllToAll, qkv, g, hw) +
+                    group_collective_time(Collective::AllToAll, out, g, hw);
+    lc.cp_a2a_bwd = group_collective_time(Collective::AllToAll, 2 * out, g, hw) +
+                    group_collective_time(Collective::AllToAll, qkv, g, hw);
+  } else if (l.cp > 1) {
+    const double chunk = n * 2 * kv_t * (sw.loom_engine ? 4 : act);
     const Link& link = dpn / l.tp >= l.cp ? hw.intra_node : hw.inter_node;
     lc.cp_comm = (l.cp - 1) * collective_time(Collective::SendRecv, chunk, 2, link, hw.efficiency.link);
   }
@@ -160,8 +171,8 @@ StepTime step_time(const Layout& l, const Job& j) {
 
   // One micro-batch through one layer: forward, backward (dgrad + wgrad: twice the forward GEMMs; the
   // memory-bound kernels read saved inputs and gradients: about twice the bytes), recompute.
-  const double cp_fwd = std::max(0.0, lc.cp_comm - lc.attn_core);         // ring hidden behind attention
-  const double cp_bwd = std::max(0.0, 2 * lc.cp_comm - 2 * lc.attn_core);  // K,V and their gradients
+  const double cp_fwd = lc.cp_a2a_fwd + std::max(0.0, lc.cp_comm - lc.attn_core);  // ring hidden behind attention
+  const double cp_bwd = lc.cp_a2a_bwd + std::max(0.0, 2 * lc.cp_comm - 2 * lc.attn_core);  // K,V and their gradients
   // Flash attention's backward recomputes the scores and probabilities: five GEMM-sized passes to the
   // forward's two, 2.5x its work (Dao 2023, FlashAttention-2, section 3.1; Loom's kernel declares the same).
   const double attn_bwd = j.software.flash_attention ? 2.5 : 2.0;
@@ -288,7 +299,8 @@ StepTime step_time(const Layout& l, const Job& j) {
 
   // Data-parallel gradient reduction (hierarchical), once per step (per micro-batch for ZeRO-2/3).
   const StageParams sp = stage_params(l, j, true);
-  const GroupShape dpg = group(l.dp, l.tp * l.cp, dpn);
+  // Loom's engine reduces gradients (and shards ZeRO) over the data replicas dp x cp.
+  const GroupShape dpg = j.software.loom_engine ? group(l.dp * l.cp, l.tp, dpn) : group(l.dp, l.tp * l.cp, dpn);
   const GroupShape edpg = group(std::max(1, l.dp / l.ep), l.tp * l.cp * l.ep, dpn);
   auto reduce = [&](double params, GroupShape g) {
     if (g.n <= 1) return 0.0;
