@@ -253,4 +253,12 @@ TEST(Search, TheLoomEngineRunsBothContextParallelModes) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("cp = 4 all-to-all needs 6 query and 6 KV heads per tp rank"));
   }
   EXPECT_THROW(apply_fix(cp4, "cp_mode=zigzag"), ConfigError);
+  // The published stacks' profiles price the ring alone.
+  Job megatron = job("mini", "h100:2", 256, 4);
+  try {
+    search(megatron, a2a, 10);
+    ADD_FAILURE() << "the megatron profile has no all-to-all cp";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("cp_mode=all-to-all is priced for Loom's engine"));
+  }
 }

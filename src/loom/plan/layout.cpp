@@ -114,6 +114,10 @@ Verdict check_layout(const Layout& l, const Job& j) {
     return {Reject::Engine,
             "Loom's engine runs data, tensor, pipeline and context parallelism (dp x ZeRO x tp, sp x pp x cp): ep waits "
             "for it"};
+  if (l.cp_all_to_all && !j.software.loom_engine)
+    return {Reject::Engine, fmt::format("the software profile {} is priced with the ring's point-to-point context "
+                                        "parallelism; cp_mode=all-to-all is priced for Loom's engine (--software loom)",
+                                        j.software.profile)};
   if (l.cp_all_to_all && l.cp > 1) {
     // Ulysses gives each cp rank whole heads of what tp left it: the same rule loom train applies.
     const int64_t heads = c.n_heads / l.tp, kv = spec::kv_heads_per_rank(c, l.tp);
