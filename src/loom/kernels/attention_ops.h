@@ -30,6 +30,12 @@ class AttentionOps {
   virtual void recompute(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
     forward(out, lse, qkv, s);
   }
+  // Called by the block at the start of its backward (after any recompute, before its MLP's backward),
+  // so that an implementation can start moving what backward() will read while the MLP's gradients are
+  // computed. backward() follows with the same qkv and shape.
+  virtual void prepare_backward(const Tensor& qkv, const AttentionShape& s) {
+    (void)qkv, (void)s;
+  }
   // dqkv [B, T, (H + 2 KVH) D] in this rank's token layout (written, not accumulated).
   virtual void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                         const AttentionShape& s) {

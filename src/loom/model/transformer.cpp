@@ -217,6 +217,7 @@ void Transformer::block_backward(int64_t layer, const BlockWeights& weights, Blo
       ops.column_backward(&dx, lin, dy, x);
     }
   };
+  attention_->prepare_backward(a.qkv, s);  // context parallelism: K/V start around the ring now
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
   linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr, Fp8Linear::Down);
   if (llama_)

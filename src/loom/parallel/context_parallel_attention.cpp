@@ -21,6 +21,15 @@ void copy_rows(float* dst, int64_t dst_row, const float* src, int64_t src_row, i
     std::memcpy(dst + t * dst_row, src + t * src_row, static_cast<size_t>(width) * sizeof(float));
 }
 
+// dst rows += src rows (rows x width floats; row strides dst_row, src_row).
+void add_rows(float* dst, int64_t dst_row, const float* src, int64_t src_row, int64_t rows, int64_t width) {
+  for (int64_t t = 0; t < rows; ++t) {
+    float* d = dst + t * dst_row;
+    const float* s = src + t * src_row;
+    for (int64_t k = 0; k < width; ++k) d[k] += s[k];
+  }
+}
+
 // Merges a block's (o_b, lse_b) into the running (o, lse) of the same queries: the online softmax's
 // step across blocks. o rows [B, rows] of H D floats at row stride o_row (offset o_first rows into each
 // sample of `total` rows), lse [B, H, total] likewise; o_b [B, rows, H D], lse_b [B, H, rows] dense.
@@ -95,7 +104,7 @@ void ContextParallelAttention::reserve(const kernels::AttentionShape& s) {
   if (mode_ == spec::CpMode::Ring) {
     for (Slot slot : {kKv0, kKv1, kAcc0, kAcc1, kDkv}) at_least(slot, B * Tl * KD2);
     at_least(kKvHead, B * c * KD2);
-    for (Slot slot : {kQ, kBlock}) at_least(slot, B * Tl * HD);
+    for (Slot slot : {kQ, kBlock, kDq}) at_least(slot, B * Tl * HD);
     at_least(kQTail, B * c * HD);
     at_least(kLseBlock, B * s.H * Tl);
     at_least(kTail, 2 * B * c * HD);
@@ -211,17 +220,33 @@ void ContextParallelAttention::ring_forward(const Tensor& out, const Tensor& lse
   }
 }
 
+void ContextParallelAttention::prepare_backward(const Tensor& qkv, const kernels::AttentionShape& s) {
+  if (mode_ != spec::CpMode::Ring || size_ == 1) return;
+  reserve(s);
+  const int64_t B = s.B, Tl = s.T, HD = s.H * s.D, KD2 = 2 * s.KVH * s.D;
+  const Tensor kv0 = scratch(kKv0, {B, Tl, KD2}), kv1 = scratch(kKv1, {B, Tl, KD2});
+  copy_rows(kv0.data<float>(), KD2, qkv.data<float>() + HD, HD + KD2, B * Tl, KD2);
+  first_hop_ = ring_shift(kv0, kv1, kKvTag, "cp_ring_kv", "cp_ring_kv.wait");
+  first_hop_of_ = qkv.raw();
+}
+
+// The other ranks' blocks first, then this rank's own causal block: the K/V's first hop left during the
+// MLP's backward (prepare_backward), each later hop and each dK/dV hop hides under the next block, and
+// the dK/dV accumulator's last hop home under the own block's backward.
 void ContextParallelAttention::ring_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                              const Tensor& lse, const Tensor& qkv, const kernels::AttentionShape& s) {
+  if (size_ == 1) return be_.attention_backward(dqkv, dout, out, lse, qkv, s);
   const int64_t B = s.B, Tl = s.T, c = Tl / 2, H = s.H, HD = H * s.D, KD2 = 2 * s.KVH * s.D, W = HD + KD2;
   const float* x = qkv.data<float>();
   Tensor kv[2] = {scratch(kKv0, {B, Tl, KD2}), scratch(kKv1, {B, Tl, KD2})};
-  copy_rows(kv[0].data<float>(), KD2, x + HD, W, B * Tl, KD2);
   InFlight::Pending kv_pending, acc_pending;
-  if (size_ > 1) kv_pending = ring_shift(kv[0], kv[1], kKvTag, "cp_ring_kv", "cp_ring_kv.wait");
-  // Step 0 with the merged statistics: P is the true softmax, restricted to this rank's own keys.
-  be_.attention_backward(dqkv, dout, out, lse, qkv, s);
-  if (size_ == 1) return;
+  if (first_hop_of_ == qkv.raw()) {
+    kv_pending = std::move(first_hop_);
+  } else {  // a caller that did not prepare: the first hop starts here
+    copy_rows(kv[0].data<float>(), KD2, x + HD, W, B * Tl, KD2);
+    kv_pending = ring_shift(kv[0], kv[1], kKvTag, "cp_ring_kv", "cp_ring_kv.wait");
+  }
+  first_hop_of_ = nullptr;
 
   // The queries' side, dense: all rows, and the tail chunk's rows.
   const Tensor q = scratch(kQ, {B, Tl, HD}), q_tail = scratch(kQTail, {B, c, HD});
@@ -241,11 +266,13 @@ void ContextParallelAttention::ring_backward(const Tensor& dqkv, const Tensor& d
   const Tensor dout_tail = Tensor::wrap(t3, {B, c, HD}, DType::F32);
   const Tensor out_tail = Tensor::wrap(t3 + tail_n, {B, c, HD}, DType::F32);
 
+  // dQ of the other ranks' blocks sums here (the own block's backward writes dqkv last).
+  const Tensor dq_sum = scratch(kDq, {B, Tl, HD});
+  dq_sum.fill_zero();
   // dK/dV of the K/V block at hand accumulate in a buffer that travels the ring one step behind it and
   // reaches the block's owner after the last step.
   Tensor acc[2] = {scratch(kAcc0, {B, Tl, KD2}), scratch(kAcc1, {B, Tl, KD2})};
   int acc_at = 0;  // which acc holds the running sum when the previous step's shift has landed
-  float* dx = dqkv.data<float>();
   for (int i = 1; i < size_; ++i) {
     in_flight_.wait(kv_pending);
     const Tensor& here = kv[i % 2];
@@ -265,35 +292,27 @@ void ContextParallelAttention::ring_backward(const Tensor& dqkv, const Tensor& d
       be_.attention_block_backward(dq, dkv, dout_tail, out_tail, lse_tail, q_tail, here, sb);
     }
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < qrows; ++t) {
-        float* dst = dx + (b * Tl + (head_keys ? 0 : c) + t) * W;
-        const float* src = dq.data<float>() + (b * qrows + t) * HD;
-        for (int64_t k = 0; k < HD; ++k) dst[k] += src[k];
-      }
+      add_rows(dq_sum.data<float>() + (b * Tl + (head_keys ? 0 : c)) * HD, HD, dq.data<float>() + b * qrows * HD, HD,
+               qrows, HD);
     // The running sum: this rank's share alone at step 1, else what arrived from the previous rank.
     if (i == 1) {
       acc[acc_at].fill_zero();
     } else {
       in_flight_.wait(acc_pending);
     }
-    float* a = acc[acc_at].data<float>();
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < krows; ++t) {
-        float* dst = a + (b * Tl + t) * KD2;
-        const float* src = dkv.data<float>() + (b * krows + t) * KD2;
-        for (int64_t k = 0; k < KD2; ++k) dst[k] += src[k];
-      }
+      add_rows(acc[acc_at].data<float>() + b * Tl * KD2, KD2, dkv.data<float>() + b * krows * KD2, KD2, krows, KD2);
     acc_pending = ring_shift(acc[acc_at], acc[1 - acc_at], kDkvTag, "cp_ring_dkv", "cp_ring_dkv.wait");
     acc_at = 1 - acc_at;
   }
+  // This rank's own tokens, causal (P the true softmax restricted to its own keys), while the last
+  // accumulator comes home.
+  be_.attention_backward(dqkv, dout, out, lse, qkv, s);
+  float* dx = dqkv.data<float>();
+  add_rows(dx, W, dq_sum.data<float>(), HD, B * Tl, HD);
   // What arrives last is the sum of every other rank's share of this rank's own K/V.
   in_flight_.wait(acc_pending);
-  const float* a = acc[acc_at].data<float>();
-  for (int64_t r = 0; r < B * Tl; ++r) {
-    float* dst = dx + r * W + HD;
-    const float* src = a + r * KD2;
-    for (int64_t k = 0; k < KD2; ++k) dst[k] += src[k];
-  }
+  add_rows(dx + HD, W, acc[acc_at].data<float>(), KD2, B * Tl, KD2);
 }
 
 // --- all-to-all ------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ class ContextParallelAttention final : public kernels::AttentionOps {
   spec::CpMode mode() const { return mode_; }
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const kernels::AttentionShape& s) override;
   void recompute(const Tensor& out, const Tensor& lse, const Tensor& qkv, const kernels::AttentionShape& s) override;
+  // Ring: sends this rank's K/V on their first hop, hidden under the block's MLP backward.
+  void prepare_backward(const Tensor& qkv, const kernels::AttentionShape& s) override;
   void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                 const kernels::AttentionShape& s) override;
 
@@ -66,6 +68,9 @@ class ContextParallelAttention final : public kernels::AttentionOps {
   spec::CpMode mode_;
   std::array<Tensor, kSlots> scratch_;
   InFlight in_flight_;
+  // The ring's first backward hop of K/V, sent by prepare_backward for the qkv it was given.
+  InFlight::Pending first_hop_;
+  const void* first_hop_of_ = nullptr;
   int64_t positions_T_ = -1;
   std::vector<std::vector<int32_t>> positions_;
 };

@@ -115,8 +115,9 @@ double cp_attention_bytes(const Widths& w, double B, double T_local, bool all_to
   const double HD = w.H * w.D, KD2 = 2 * w.KV * w.D, c = T_local / 2, N = B * T_local;
   if (all_to_all) return 4 * (2 * N * std::max(HD + KD2, 2 * HD) + 2 * N * HD + 2 * N * HD + N * (HD + KD2));
   // Ring: K/V double buffer, dK/dV double buffer and one block's dK/dV; the head K/V rows; the queries, one
-  // block's output (its dQ in backward); the tail queries; one block's statistics; the tail's dO and O.
-  return 4 * (5 * N * KD2 + B * c * KD2 + 2 * N * HD + B * c * HD + B * w.H * T_local + 2 * B * c * HD);
+  // block's output (its dQ in backward), the other blocks' summed dQ; the tail queries; one block's
+  // statistics; the tail's dO and O.
+  return 4 * (5 * N * KD2 + B * c * KD2 + 3 * N * HD + B * c * HD + B * w.H * T_local + 2 * B * c * HD);
 }
 
 // What a rank holds once beside its contexts: the trainer's token and target buffers, RoPE tables and,
