@@ -84,6 +84,21 @@ TEST(Calibrate, QuickRunWritesAHardwareFileThatPlansAccept) {
   fs::remove(file);
 }
 
+// On cores other work keeps busy, every figure calibrate measures is what is left of them: it says
+// so (one busy loop per core beside it here), and still writes the file.
+TEST(Calibrate, SaysWhenItDidNotHaveTheCoresToItself) {
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / ("loom-calibrate-busy-" + std::to_string(::getpid()) + ".toml");
+  auto r = test::run_shell("pids=; for i in $(seq $(nproc)); do yes >/dev/null & pids=\"$pids $!\"; done; " +
+                           std::string(LOOM_BINARY) + " calibrate --quick --threads 1 --no-comm --out " +
+                           file.string() + "; rc=$?; kill $pids; exit $rc");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("warning: this process got"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run calibrate on an idle machine"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(file));
+  fs::remove(file);
+}
+
 TEST(Calibrate, LinkFitRecoversAKnownAlphaBeta) {
   const Link truth{12e9, 2.5e-6, Topology::SharedMemory};
   std::vector<CollectiveSample> samples;

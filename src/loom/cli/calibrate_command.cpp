@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -43,8 +44,33 @@ struct CalibrateOptions {
 };
 
 using Clock = std::chrono::steady_clock;
+// Below this share of its cores, calibrate says its figures are not the machine's.
+constexpr double kBusyShare = 0.8;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The share of `threads` cores this process gets: its threads spin together for ~50 ms and their CPU
+// time is compared with the wall time. ~1 on an idle machine; other work on the cores (or a cgroup
+// quota) lowers it, and every figure calibrate measures shrinks with it -- a tiny kernel behind an
+// OpenMP barrier by orders of magnitude (seen: attention timed 5000x slow beside an 8-rank job).
+double core_share(int threads) {
+  std::vector<double> cpu(static_cast<size_t>(threads), 0.0);
+  const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads)
+  {
+    timespec a{}, b{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    volatile double x = 1.0;
+    while (seconds_since(t0) < 0.05)
+      for (int i = 0; i < 1000; ++i) x = x * 1.0000001 + 1e-9;
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    cpu[static_cast<size_t>(omp_get_thread_num())] = double(b.tv_sec - a.tv_sec) + 1e-9 * double(b.tv_nsec - a.tv_nsec);
+  }
+  const double wall = seconds_since(t0);
+  double total = 0;
+  for (double c : cpu) total += c;
+  return total / (wall * threads);
 }
 
 // Best rate of `run` doing `work` units: a warm-up (primitive creation, page
@@ -276,6 +302,7 @@ int run_calibrate(const CalibrateOptions &o) {
                                 CpuFeatures::detect().model_name, cal.threads);
   cal.memory_bytes =
       double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  double share = core_share(cal.threads);
 
   // Cubes from tile-sized to large, plus thin shapes (one small dimension, as a
   // split attention head or a small micro-batch gives) so the fit sees each
@@ -347,6 +374,13 @@ int run_calibrate(const CalibrateOptions &o) {
                              samples.end());
     }
 
+  // Checked before and after, since other work may start or stop meanwhile.
+  share = std::min(share, core_share(cal.threads));
+  if (share < kBusyShare)
+    fmt::print(stderr,
+               "loom calibrate: warning: this process got {:.0f}% of its {} cores (other work on the machine, or a "
+               "CPU quota): every figure in {} is what was left of them; run calibrate on an idle machine\n",
+               100 * share, cal.threads, o.out);
   const std::string text = plan::calibration_to_toml(cal);
   {
     std::ofstream out(o.out);
