@@ -72,7 +72,7 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
         throw ConfigError(
             fmt::format("--layouts: '{}' in '{}' is not key=value with a key of dp, tp, pp, cp, cp_mode, ep, zero, "
                         "bucket_kb, sp, overlap, v, schedule, layers, recompute (e.g. --layouts "
-                        "\"dp=1;dp=2;tp=2,sp=1;pp=2,v=2,schedule=interleaved-1f1b;pp=2,layers=1/3\")",
+                        "\"dp=1;dp=2;tp=2,sp=1;pp=2,v=2,schedule=interleaved-1f1b;pp=2,layers=1/3;cp=2,cp_mode=all-to-all\")",
                         kv, item));
       // The pipeline schedule, the recompute policy and the cp mode are names; every other key a number.
       if (key == "schedule" || key == "recompute" || key == "cp_mode") {
