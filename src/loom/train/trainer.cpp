@@ -52,11 +52,8 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
     throw ConfigError("parallel.dp = " + std::to_string(cfg_.parallel.dp) + " but the data-parallel group has " +
                       std::to_string(dp_size_ / cp_) + " rank(s): start parallel.dp ranks (loom run -n " +
                       std::to_string(cfg_.parallel.dp) + " -- loom train ...)");
-  if (cp_ > 1) {
-    spec::validate_context_parallel(cfg_.model.resolved, cfg_.seq_len(), cp_,
-                                    spec::parse_cp_mode(cfg_.parallel.cp_mode), static_cast<int>(cfg_.parallel.tp));
-    cp_positions_ = spec::context_positions(cfg_.seq_len(), cp_, cp_rank_);
-  }
+  // (validate() refused a sequence the cp chunks do not split.)
+  if (cp_ > 1) cp_positions_ = spec::context_positions(cfg_.seq_len(), cp_, cp_rank_);
   if (par_.shard.tp_size != cfg_.parallel.tp)
     throw ConfigError("parallel.tp = " + std::to_string(cfg_.parallel.tp) + " but the tensor-parallel group has " +
                       std::to_string(par_.shard.tp_size) + " rank(s)");
