@@ -23,6 +23,10 @@ Llama (arch "llama"):
     model.layers.{i}.post_attention_layernorm.weight
     model.layers.{i}.mlp.{gate,up,down}_proj.weight
     model.norm.weight                        lm_head.weight (only when not tied)
+Mixture of experts (config "moe"), Mixtral's names, in place of a block's mlp:
+    model.layers.{i}.block_sparse_moe.gate.weight [E, C]    (GPT-2 style: transformer.h.{i}.moe.*)
+    ...block_sparse_moe.experts.{e}.{w1,w3,w2}.weight       gate, up, down of a SwiGLU expert
+    ...block_sparse_moe.shared_experts.{gate,up,down}_proj.weight (DeepSeek's always-on experts)
 
 All Linear weights use torch.nn.Linear's layout [out_features, in_features] (note: Hugging
 Face's GPT-2 stores Conv1D weights transposed, [in, out]; we do not).  When embeddings are
@@ -52,6 +56,26 @@ def _at_least_f32(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclasses.dataclass
+class MoeConfig:
+    """Mixture of experts; the same fields as Loom's [model.moe] (see MoeBlock for their meaning)."""
+
+    experts: int
+    top_k: int
+    d_expert: int = 0  # 0: the model's d_ff
+    shared_experts: int = 0
+    every: int = 1
+    first_dense: int = 0
+    score: str = "softmax"  # or "sigmoid"
+    normalize_top_k: bool = True
+    capacity_factor: float = 0.0  # 0: dropless
+    aux_loss_coef: float = 0.0
+    bias_update_rate: float = 0.0  # only moves a selection bias between steps; the reference takes one batch
+
+    def is_moe_layer(self, l: int) -> bool:
+        return l >= self.first_dense and (l - self.first_dense + 1) % self.every == 0
+
+
+@dataclasses.dataclass
 class ModelConfig:
     """Model shape; the same fields as Loom's parity `input.json` "config" object."""
 
@@ -66,6 +90,7 @@ class ModelConfig:
     norm_eps: float = 1e-5  # LayerNorm / RMSNorm epsilon
     rope_theta: float = 10000.0  # Llama rotary base
     tie_embeddings: bool = True  # LM head reuses the token embedding
+    moe: Optional[MoeConfig] = None  # mixture-of-experts MLPs (a dict in JSON)
 
     @property
     def head_dim(self) -> int:
@@ -81,6 +106,12 @@ class ModelConfig:
             raise ValueError(f"model config: unknown field(s) {unknown}; known: {sorted(names)}")
         d = dict(d)
         d.setdefault("n_kv_heads", d.get("n_heads"))
+        if d.get("moe") is not None and not isinstance(d["moe"], MoeConfig):
+            moe_names = {f.name for f in dataclasses.fields(MoeConfig)}
+            unknown = sorted(set(d["moe"]) - moe_names)
+            if unknown:
+                raise ValueError(f"model config: unknown moe field(s) {unknown}; known: {sorted(moe_names)}")
+            d["moe"] = MoeConfig(**d["moe"])
         cfg = cls(**d)
         cfg.validate()
         return cfg
@@ -117,6 +148,97 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(_at_least_f32(logits).reshape(-1, V), targets.reshape(-1), ignore_index=-1)
 
 
+# ----------------------------------------------------------------------------- mixture of experts
+
+
+class MoeExpert(nn.Module):
+    """One SwiGLU expert, Mixtral's names: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, C: int, F_: int):
+        super().__init__()
+        self.w1 = nn.Linear(C, F_, bias=False)
+        self.w3 = nn.Linear(C, F_, bias=False)
+        self.w2 = nn.Linear(F_, C, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SharedExperts(nn.Module):
+    def __init__(self, C: int, F_: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(C, F_, bias=False)
+        self.up_proj = nn.Linear(C, F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoeBlock(nn.Module):
+    """Top-k routed SwiGLU experts (Mixtral; DeepSeek-V3's sigmoid scores and shared experts).
+
+    scores = softmax(gate(x)) or sigmoid(gate(x)); each token takes its top_k experts, weighted by
+    their scores (renormalised to sum 1 when normalize_top_k).  With capacity_factor > 0 an expert
+    takes at most ceil(factor * N * top_k / E) (token, slot) pairs: every token's first choice before
+    any second choice, tokens in order (GShard / Switch); the rest are dropped (contribute nothing).
+    The Switch load-balancing loss E / (N k) * sum_e routed_e * mean_t p[t, e] (routed counted before
+    dropping; p the softmax scores, or the sigmoid scores over their per-token sum) is kept in
+    self.aux_loss for the caller to add with its weight."""
+
+    def __init__(self, cfg: "ModelConfig"):
+        super().__init__()
+        m = cfg.moe
+        self.m = m
+        F_ = m.d_expert or cfg.d_ff
+        self.gate = nn.Linear(cfg.d_model, m.experts, bias=False)
+        self.experts = nn.ModuleList(MoeExpert(cfg.d_model, F_) for _ in range(m.experts))
+        self.shared_experts = SharedExperts(cfg.d_model, m.shared_experts * F_) if m.shared_experts else None
+        self.aux_loss: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        N, E, k = h.shape[0], m.experts, m.top_k
+        logits = self.gate(h)
+        scores = torch.softmax(logits, dim=-1) if m.score == "softmax" else torch.sigmoid(logits)
+        top_w, top_e = torch.topk(scores, k, dim=-1)
+        if m.normalize_top_k:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        keep = torch.ones(N, k, dtype=torch.bool)
+        if m.capacity_factor > 0:
+            cap = math.ceil(m.capacity_factor * N * k / E)
+            taken = [0] * E
+            for j in range(k):
+                for t in range(N):
+                    e = int(top_e[t, j])
+                    if taken[e] < cap:
+                        taken[e] += 1
+                    else:
+                        keep[t, j] = False
+        out = torch.zeros_like(h)
+        for e in range(E):
+            t_idx, j_idx = torch.where((top_e == e) & keep)
+            if t_idx.numel():
+                out = out.index_add(0, t_idx, self.experts[e](h[t_idx]) * top_w[t_idx, j_idx].unsqueeze(-1))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(h)
+        routed = torch.bincount(top_e.reshape(-1), minlength=E).to(scores.dtype)
+        p = scores if m.score == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+        self.aux_loss = E / (N * k) * (routed * p.mean(dim=0)).sum()
+        return out.reshape(shape)
+
+
+def moe_aux_loss(model: nn.Module) -> torch.Tensor:
+    """The sum of every MoE block's load-balancing loss from the last forward (0 for a dense model)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for mod in model.modules():
+        if isinstance(mod, MoeBlock) and mod.aux_loss is not None:
+            total = total + mod.aux_loss
+    return total
+
+
 # ----------------------------------------------------------------------------- GPT-2
 
 
@@ -149,16 +271,19 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = GPT2Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = GPT2MLP(cfg)
+        if cfg.moe is not None and cfg.moe.is_moe_layer(layer):
+            self.moe = MoeBlock(cfg)
+        else:
+            self.mlp = GPT2MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
+        x = x + (self.moe if hasattr(self, "moe") else self.mlp)(self.ln_2(x))
         return x
 
 
@@ -167,7 +292,7 @@ class GPT2Transformer(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq, cfg.d_model)
-        self.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.n_layers))
+        self.h = nn.ModuleList(GPT2Block(cfg, l) for l in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -274,16 +399,20 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(cfg.d_model, cfg.norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        if cfg.moe is not None and cfg.moe.is_moe_layer(layer):
+            self.block_sparse_moe = MoeBlock(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        mlp = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        x = x + mlp(self.post_attention_layernorm(x))
         return x
 
 
@@ -291,7 +420,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, l) for l in range(cfg.n_layers))
         self.norm = LlamaRMSNorm(cfg.d_model, cfg.norm_eps)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -321,7 +450,8 @@ class LlamaForCausalLM(nn.Module):
 # ----------------------------------------------------------------------------- helpers
 
 # Output projections that write into the residual stream; GPT-2 scales their init by 1/sqrt(2L).
-_RESIDUAL_PROJ = ("attn.c_proj.weight", "mlp.c_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight")
+_RESIDUAL_PROJ = ("attn.c_proj.weight", "mlp.c_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
+                  ".w2.weight", "shared_experts.down_proj.weight")
 
 
 def init_weights(model: nn.Module, seed: int = 0) -> None:

@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_io import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
-from torch_model import ModelConfig, build_model  # noqa: E402
+from torch_model import ModelConfig, build_model, moe_aux_loss  # noqa: E402
 
 
 class ReferenceError(Exception):
@@ -92,6 +92,9 @@ def run_reference(d: str) -> Dict[str, torch.Tensor]:
         if key not in spec:
             raise ReferenceError(f"input.json: missing {key!r}")
     cfg = ModelConfig.from_dict(spec["config"])
+    # The load-balancing loss's weight in the gradient (Loom: aux_loss_coef x the batch's tokens x its
+    # gradient scale); the reported loss is the language-model loss alone, as Loom reports it.
+    aux_weight = float(spec.get("moe_aux_weight", 0.0))
     steps = int(spec.get("steps", 0))
     tokens, targets = _int_batch(spec["tokens"], "tokens"), _int_batch(spec["targets"], "targets")
     if tokens.shape != targets.shape:
@@ -146,7 +149,7 @@ def run_reference(d: str) -> Dict[str, torch.Tensor]:
             break
         loss = model(tokens, targets)
         losses.append(loss.item())
-        loss.backward()
+        (loss + aux_weight * moe_aux_loss(model)).backward()
         if step == 0:
             for n, p in params.items():
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -160,7 +163,7 @@ def run_reference(d: str) -> Dict[str, torch.Tensor]:
             out[f"step{step + 1}.{n}"] = p.detach().clone()
     if steps == 0:  # still report the gradient at the initial weights
         model.zero_grad(set_to_none=False)
-        model(tokens, targets).backward()
+        (model(tokens, targets) + aux_weight * moe_aux_loss(model)).backward()
         for n, p in params.items():
             out[f"grad.{n}"] = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
 

@@ -40,8 +40,8 @@ TEST(ModelFile, PublishedConfigsGiveThePresetAndZooModelsExactly) {
   EXPECT_EQ(plan::count_params(llama).total, plan::count_params(plan::plan_model("llama3-8b")).total);
   EXPECT_EQ(llama.cfg.n_kv_heads, 8);
   const auto mixtral = plan::parse_hf_config(kMixtral, "mixtral/config.json");
-  EXPECT_EQ(mixtral.n_experts, 8);
-  EXPECT_EQ(mixtral.top_k, 2);
+  EXPECT_EQ(mixtral.n_experts(), 8);
+  EXPECT_EQ(mixtral.top_k(), 2);
   EXPECT_EQ(plan::count_params(mixtral).total, plan::count_params(plan::plan_model("mixtral-8x7b")).total);
   EXPECT_EQ(plan::count_params(mixtral).active, plan::count_params(plan::plan_model("mixtral-8x7b")).active);
   // Exporters that write every number as a float, and GPT-2 configs with only n_ctx, still read.

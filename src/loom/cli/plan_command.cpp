@@ -163,7 +163,7 @@ plan::PlanModel model_of(const std::string& name) {
                       "Face config.json)");
   if (ext == ".json") return plan::load_hf_config(name);
   const auto cfg = train::load_run_config(name);
-  return plan::PlanModel{cfg.model.resolved, 1, 1, "[model] of " + name};
+  return plan::PlanModel{cfg.model.resolved, "[model] of " + name};
 }
 
 int run_plan(const PlanOptions& o) {

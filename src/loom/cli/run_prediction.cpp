@@ -99,7 +99,7 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
                           const profile::StepReport& report) {
   RunPrediction out;
   plan::Job job;
-  job.model = plan::PlanModel{cfg.model.resolved, 1, 1, "the run's config"};
+  job.model = plan::PlanModel{cfg.model.resolved, "the run's config"};
   if (machine) {
     out.hardware = "machine file (" + machine->source + ")";
     job.cluster.hw = rank_device(*machine, world, out.hardware);

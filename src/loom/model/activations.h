@@ -10,6 +10,29 @@
 
 namespace loom::model {
 
+// What a mixture-of-experts block's MLP saves (model/moe_layer.h). Rows "in expert order" are the
+// (token, slot) pairs each expert took, expert after expert: at most N k of them.
+struct MoeActivations {
+  Tensor scores;                 // [N, E] router scores (softmax or sigmoid)
+  Tensor expert, weight, row;    // [N, k]: I32 chosen experts, f32 combine weights, I32 row (-1: dropped)
+  Tensor token_of_row;           // I32 [N k]
+  std::vector<int64_t> routed;   // [E] pairs routed to each expert before capacity (the aux loss's counts)
+  std::vector<int64_t> offsets;  // [E + 1] each expert's rows
+  Tensor x;                      // [N k, C] the experts' inputs in expert order (GEMM precision)
+  Tensor h_pre;                  // [N k, 2 Fe] gate|up
+  Tensor h_act, h_act_lp;        // [N k, Fe]
+  Tensor y;                      // [N k, C] the experts' outputs, unweighted
+  Tensor shared_pre, shared_act, shared_act_lp;  // the shared experts: [N, 2 Fs], [N, Fs] (undefined: none)
+};
+
+// The backward scratch of a mixture-of-experts MLP, shared by all blocks.
+struct MoeScratch {
+  Tensor dy, dx;             // [N k, C] in expert order
+  Tensor d_act, d_pre;       // [N k, Fe], [N k, 2 Fe]
+  Tensor dweight, dlogits;   // [N, k], [N, E]
+  Tensor shared_d_act, shared_d_pre;  // [N, Fs], [N, 2 Fs]
+};
+
 // What one transformer block saves. Names follow the block's data flow:
 // x_in -> norm1 -> qkv -> attention -> att -> out-proj (+x_in) -> x_mid -> norm2 -> h_pre -> act -> h_act
 // -> down-proj (+x_mid) -> x_out. `*_lp` are bf16 copies used as GEMM inputs in bf16 mode (else
@@ -24,6 +47,7 @@ struct BlockActivations {
   Tensor n2_mean, n2_rstd, n2_out, n2_lp;
   Tensor h_pre;     // [N, F] (GPT-2) or [N, 2F] gate|up (Llama)
   Tensor h_act, h_act_lp;  // [N, F]
+  MoeActivations moe;      // a mixture-of-experts block's MLP instead of h_pre / h_act
 };
 
 // Split backward (zero-bubble schedules): the output gradients of a block's four linears, kept from its
@@ -53,6 +77,10 @@ struct ActivationContext {
   Tensor losses;                         // [N]
   // Backward scratch, shared by all blocks.
   Tensor d_res, d_norm, d_att, d_qkv, d_h_act, d_h_pre;
+  MoeScratch moe;  // when the chunk has a mixture-of-experts block
+  // The weight of each mixture-of-experts block's load-balancing loss in this micro-batch's gradient:
+  // aux_loss_coef x its share of the step's tokens (0 in evaluation).
+  double moe_aux_scale = 0;
   // Under sequence parallelism: one block's partial norm gradients [4 C] before they are summed over
   // the group (undefined otherwise).
   Tensor norm_grads;

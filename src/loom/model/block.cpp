@@ -38,6 +38,22 @@ ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterSto
     }
     return v;
   };
+  // A mixture-of-experts MLP under `prefix` (model/moe_layer.h; spec/param_table.cpp lays it out).
+  auto moe = [&](const std::string& prefix) {
+    MoeWeights m;
+    m.router = {P.param(prefix + "gate.weight"), P.grad(prefix + "gate.weight"), {}, {}};
+    if (cfg.moe.bias_update_rate > 0) m.score_bias = P.param(prefix + "gate.e_score_correction_bias");
+    for (int64_t e = 0; e < cfg.moe.experts; ++e) {
+      const std::string x = prefix + "experts." + std::to_string(e) + ".";
+      m.gate_up.push_back(fused(x + "w1.weight", x + "w3.weight"));
+      m.down.push_back(linear(x + "w2.weight", ""));
+    }
+    if (cfg.moe.shared_experts > 0) {
+      m.shared_gate_up = fused(prefix + "shared_experts.gate_proj.weight", prefix + "shared_experts.up_proj.weight");
+      m.shared_down = linear(prefix + "shared_experts.down_proj.weight", "");
+    }
+    return m;
+  };
   auto norm = [&](const std::string& prefix) {
     NormViews n{P.param(prefix + ".weight"), P.grad(prefix + ".weight"), {}, {}};
     if (!llama) n.b = P.param(prefix + ".bias"), n.db = P.grad(prefix + ".bias");
@@ -54,11 +70,16 @@ ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterSto
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       if (!shard.holds_block(l)) continue;
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      m.blocks[static_cast<size_t>(l)] = {norm(p + "input_layernorm"), norm(p + "post_attention_layernorm"),
-                                          with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")),
-                                          linear(p + "self_attn.o_proj.weight", ""),
-                                          fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                                          linear(p + "mlp.down_proj.weight", "")};
+      BlockWeights& b = m.blocks[static_cast<size_t>(l)];
+      b.norm1 = norm(p + "input_layernorm"), b.norm2 = norm(p + "post_attention_layernorm");
+      b.qkv = with_shared_kv(fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight"));
+      b.out = linear(p + "self_attn.o_proj.weight", "");
+      if (cfg.is_moe_layer(l)) {
+        b.moe = moe(spec::moe_param_prefix(cfg, l));
+      } else {
+        b.up = fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
+        b.down = linear(p + "mlp.down_proj.weight", "");
+      }
     }
     if (shard.head) {
       m.norm_f = norm("model.norm");
@@ -72,11 +93,16 @@ ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterSto
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       if (!shard.holds_block(l)) continue;
       const std::string p = "transformer.h." + std::to_string(l) + ".";
-      m.blocks[static_cast<size_t>(l)] = {norm(p + "ln_1"), norm(p + "ln_2"),
-                                          linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias"),
-                                          linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias"),
-                                          linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"),
-                                          linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")};
+      BlockWeights& b = m.blocks[static_cast<size_t>(l)];
+      b.norm1 = norm(p + "ln_1"), b.norm2 = norm(p + "ln_2");
+      b.qkv = linear(p + "attn.c_attn.weight", p + "attn.c_attn.bias");
+      b.out = linear(p + "attn.c_proj.weight", p + "attn.c_proj.bias");
+      if (cfg.is_moe_layer(l)) {
+        b.moe = moe(spec::moe_param_prefix(cfg, l));
+      } else {
+        b.up = linear(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias");
+        b.down = linear(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias");
+      }
     }
     if (shard.head) {
       m.norm_f = norm("transformer.ln_f");
@@ -96,7 +122,7 @@ RopeTables make_rope_tables(const spec::TransformerConfig& cfg, Allocator& alloc
 
 BlockRunner::BlockRunner(const spec::TransformerConfig& cfg, kernels::Backend& backend, kernels::LayerOps& ops,
                          bool lowp)
-    : cfg_(cfg), be_(backend), ops_(ops), llama_(cfg.arch == spec::Arch::Llama), lowp_(lowp) {}
+    : cfg_(cfg), be_(backend), ops_(ops), llama_(cfg.arch == spec::Arch::Llama), lowp_(lowp), moe_(cfg, backend, lowp) {}
 
 void BlockRunner::to_gemm_input(const Tensor& lp, const Tensor& f32) {
   if (lowp_) be_.cast(lp, f32);
@@ -130,7 +156,7 @@ void BlockRunner::norm_backward(const NormViews& n, const Tensor& dx, const Tens
 }
 
 void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-                          AttentionStep& attention, int64_t layer) {
+                          AttentionStep& attention, int64_t layer, MoeLoad* moe_load) {
   const BlockWeights w = gemm_weights(layer, weights);
   // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in)))); qkv column-parallel
   // (this rank's heads), out_proj row-parallel.
@@ -144,6 +170,12 @@ void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, cons
   // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid)))); up column-, down row-parallel.
   norm_forward(w.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
   to_gemm_input(a.n2_lp, a.n2_out, layer, Fp8Linear::Up);
+  if (w.moe.defined()) {
+    // Mixture of experts: x_out = x_mid + moe(norm2(x_mid)).
+    x_out.copy_from(a.x_mid);
+    moe_.forward(w.moe, a.moe, a.n2_lp, a.n2_out, x_out, moe_load);
+    return;
+  }
   ops_.column_forward(a.h_pre, a.n2_lp, w.up);
   if (llama_)
     be_.swiglu_forward(a.h_act, a.h_pre);

@@ -10,6 +10,7 @@
 #include "loom/kernels/backend.h"
 #include "loom/kernels/layer_ops.h"
 #include "loom/model/activations.h"
+#include "loom/model/moe_layer.h"
 #include "loom/model/parameter_store.h"
 #include "loom/spec/transformer_config.h"
 
@@ -22,6 +23,7 @@ struct NormViews {
 struct BlockWeights {
   NormViews norm1, norm2;
   LinearViews qkv, out, up, down;  // q|k|v and gate|up each one fused GEMM
+  MoeWeights moe;                  // a mixture-of-experts block's MLP (then up and down are undefined)
 };
 
 // fp8 (model/fp8_recipe.h), declared here because the block's forward quantises through it.
@@ -65,9 +67,10 @@ class BlockRunner {
  public:
   BlockRunner(const spec::TransformerConfig& cfg, kernels::Backend& backend, kernels::LayerOps& ops, bool lowp);
 
-  // `layer`: the block's global index (which fp8 scaling state its GEMM inputs use).
+  // `layer`: the block's global index (which fp8 scaling state its GEMM inputs use). A mixture-of-
+  // experts block adds its routing to `moe_load` (nullptr: not counted).
   void forward(const BlockWeights& w, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-               AttentionStep& attention, int64_t layer = -1);
+               AttentionStep& attention, int64_t layer = -1, MoeLoad* moe_load = nullptr);
   void norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x);
   void norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x, const Tensor& mean,
                      const Tensor& rstd);
@@ -80,6 +83,7 @@ class BlockRunner {
   Fp8Recipe* fp8() const { return fp8_; }
   // The weights block `layer`'s GEMMs read: quantised under fp8, else `w` itself.
   BlockWeights gemm_weights(int64_t layer, const BlockWeights& w) const;
+  MoeLayer& moe() { return moe_; }
 
  private:
   const spec::TransformerConfig& cfg_;
@@ -87,6 +91,7 @@ class BlockRunner {
   kernels::LayerOps& ops_;
   bool llama_, lowp_;
   Fp8Recipe* fp8_ = nullptr;
+  MoeLayer moe_;
 };
 
 }  // namespace loom::model

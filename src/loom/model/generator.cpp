@@ -60,6 +60,10 @@ Generator::Generator(spec::TransformerConfig cfg, const ParameterStore& P, kerne
   a.qkv = f32({T, QKV}), a.att = a.att_lp = f32({T, H * D}), a.x_mid = f32({T, C});
   a.n2_mean = a.n1_mean, a.n2_rstd = a.n1_rstd, a.n2_out = a.n2_lp = a.n1_out;
   a.h_pre = f32({T, llama_ ? 2 * F : F}), a.h_act = a.h_act_lp = f32({T, F});
+  if (cfg_.moe.enabled()) {
+    a.moe = make_moe_activations(cfg_, T, /*lowp=*/false, alloc);
+    runner_->moe().set_capacity(false);  // a prompt routes alike however it is fed
+  }
   tokens_ = Tensor::empty({1, T}, DType::I32, alloc, MemCategory::Activations);
   x_[0] = f32({T, C}), x_[1] = f32({T, C}), h_ = f32({1, C}), q_ = f32({T, H * D});
   mean_ = f32({1}), rstd_ = f32({1}), logits_ = f32({1, cfg_.vocab_size});
@@ -86,6 +90,7 @@ std::span<const float> Generator::feed(std::span<const int32_t> tokens) {
   a.qkv = s.qkv.slice(0, n), a.att = a.att_lp = s.att.slice(0, n), a.x_mid = s.x_mid.slice(0, n);
   a.n2_mean = a.n1_mean, a.n2_rstd = a.n1_rstd, a.n2_out = a.n2_lp = a.n1_out;
   a.h_pre = s.h_pre.slice(0, n), a.h_act = a.h_act_lp = s.h_act.slice(0, n);
+  a.moe = s.moe;  // the MoE layer uses the first n rows
   Tensor x[2] = {x_[0].slice(0, n), x_[1].slice(0, n)};
   if (llama_) {
     ops_->embedding_forward(x[0], tok, w_.wte, nullptr);

@@ -74,6 +74,11 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
   local_ = local_widths(cfg_, params_.table());
   w_ = bind_weights(cfg_, params_, local_);
   if (llama_) rope_ = make_rope_tables(cfg_, backend_.allocator());
+  moe_load_.resize(static_cast<size_t>(cfg_.n_layers));
+}
+
+void Transformer::reset_moe_load() {
+  for (auto& l : moe_load_) l = MoeLoad{};
 }
 
 kernels::AttentionShape Transformer::attention_shape(int64_t B, int64_t T) const {
@@ -144,19 +149,26 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   auto attention_core = [&](BlockActivations& a) {
     a.lse = f32({B, H, T}), a.att = f32({N, H * D}), a.att_lp = lp(a.att);
   };
-  auto block = [&](BlockActivations& a, bool core) {
+  bool chunk_moe = false, chunk_dense = false;
+  for (int64_t l = ch.first; l < ch.last; ++l) (cfg_.is_moe_layer(l) ? chunk_moe : chunk_dense) = true;
+  if (split_backward && chunk_moe)
+    throw UnsupportedError("a split (zero-bubble) backward cannot run mixture-of-experts blocks yet");
+  auto block = [&](BlockActivations& a, bool core, bool dense_mlp, bool moe_mlp) {
     a.n1_mean = f32({R}), a.n1_rstd = f32({R}), a.n1_out = f32_or_scratch({R, C}), a.n1_lp = lp(a.n1_out);
     a.qkv = f32({N, QKV});
     if (core) attention_core(a);
     a.x_mid = f32({R, C});
-    a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = f32_or_scratch({R, C}), a.n2_lp = lp(a.n2_out);
-    a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
+    // A mixture-of-experts block keeps norm2's f32 output: its router reads it in backward too.
+    a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = moe_mlp ? f32({R, C}) : f32_or_scratch({R, C});
+    a.n2_lp = lp(a.n2_out);
+    if (dense_mlp) a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
+    if (moe_mlp) a.moe = make_moe_activations(cfg_, N, lowp_, alloc);
   };
   c.blocks.resize(static_cast<size_t>(L));
   if (ch.last > ch.first) {
     BlockActivations shared;
     if (recompute_ == spec::Recompute::Full) {
-      block(shared, true);
+      block(shared, true, chunk_dense, chunk_moe);
       c.recompute_out = f32({R, C});
     } else if (recompute_ == spec::Recompute::Selective) {
       attention_core(shared);
@@ -167,7 +179,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
         a = shared;
         continue;
       }
-      block(a, recompute_ == spec::Recompute::None);
+      block(a, recompute_ == spec::Recompute::None, !cfg_.is_moe_layer(l), cfg_.is_moe_layer(l));
       if (recompute_ == spec::Recompute::Selective) a.lse = shared.lse, a.att = shared.att, a.att_lp = shared.att_lp;
     }
   }
@@ -180,6 +192,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   if (runner_.fp8() && ch.last > ch.first) c.fp8_dy = f32({std::max({R * C, N * HPRE, N * QKV})});
   if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
+  if (chunk_moe) c.moe = make_moe_scratch(cfg_, N, alloc);
   if (split_backward) {
     c.split.resize(static_cast<size_t>(L));
     for (int64_t l = ch.first; l < ch.last; ++l)
@@ -219,12 +232,17 @@ void Transformer::block_backward(int64_t layer, const BlockWeights& weights, Blo
   };
   attention_->prepare_backward(a.qkv, s);  // context parallelism: K/V start around the ring now
   // c.d_res holds d(loss)/d(x_out) and becomes d(loss)/d(x_in): each norm backward adds its branch.
-  linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr, Fp8Linear::Down);
-  if (llama_)
-    be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
-  else
-    be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
-  linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr, Fp8Linear::Up);
+  if (blk.moe.defined()) {
+    if (split) throw Error("internal: a split backward reached a mixture-of-experts block");
+    runner_.moe().backward(blk.moe, a.moe, c.moe, c.d_res, c.d_norm, a.n2_lp, a.n2_out, c.moe_aux_scale);
+  } else {
+    linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr, Fp8Linear::Down);
+    if (llama_)
+      be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
+    else
+      be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
+    linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr, Fp8Linear::Up);
+  }
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
   runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);
 
@@ -355,6 +373,9 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
     }
   }
   WholeSequence attention(backend_, *attention_, rope_of(c, rope_), llama_, attention_shape(c.B, c.T));
+  // The load-balancing loss enters the gradient like the tokens' losses: by this micro-batch's share of
+  // the step's tokens (grad_scale is 1 / the step's tokens).
+  c.moe_aux_scale = cfg_.moe.aux_loss_coef * static_cast<double>(c.B * c.T) * grad_scale;
   LayerHooks none;
   LayerHooks& h = hooks_ ? *hooks_ : none;
   if (embeds) {
@@ -366,7 +387,8 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
   for (int64_t l = ch.first; l < ch.last; ++l) {
     profile::ScopedSpanContext where(static_cast<int>(l), "F");
     h.before_forward(l);
-    runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention, l);
+    runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention, l,
+                    grad_scale > 0 ? &moe_load_[static_cast<size_t>(l)] : nullptr);
     h.after_forward(l);
   }
   if (!heads) return 0.0;

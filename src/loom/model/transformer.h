@@ -70,6 +70,10 @@ class Transformer {
   // what backward_chunk adds. Needs LayerOps::splits_backward().
   void backward_chunk_input(ActivationContext& ctx, const Chunk& chunk);
   void backward_chunk_weight(ActivationContext& ctx, const Chunk& chunk);
+  // Mixture of experts: each block's routing over the training forwards since the last reset (entries of
+  // dense blocks and of blocks outside this rank's shard stay empty).
+  const std::vector<MoeLoad>& moe_load() const { return moe_load_; }
+  void reset_moe_load();
   // Called around every unit's use in forward and backward (nullptr: none). Not owned.
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
   // precision = "fp8": the blocks' linears quantise under `fp8` (owned by the caller; before any
@@ -114,6 +118,7 @@ class Transformer {
   ModelWeights w_;
   RopeTables rope_;  // Llama only
   BlockRunner runner_;
+  std::vector<MoeLoad> moe_load_;
 };
 
 }  // namespace loom::model

@@ -104,11 +104,11 @@ PlanModel parse_hf_config(const std::string& text, const std::string& origin) {
       throw ConfigError(origin + ": \"head_dim\" = " + hd->dump() + " is not hidden_size / num_attention_heads = " +
                         std::to_string(c.d_model / c.n_heads) + ": Loom's block derives the head width from them");
     if (type == "mixtral") {
-      m.n_experts = f.integer("num_local_experts");
-      m.top_k = f.integer("num_experts_per_tok");
-      if (m.top_k > m.n_experts)
-        throw ConfigError(origin + ": \"num_experts_per_tok\" = " + std::to_string(m.top_k) +
-                          " is more than \"num_local_experts\" = " + std::to_string(m.n_experts));
+      c.moe.experts = f.integer("num_local_experts");
+      c.moe.top_k = f.integer("num_experts_per_tok");
+      if (c.moe.top_k > c.moe.experts)
+        throw ConfigError(origin + ": \"num_experts_per_tok\" = " + std::to_string(c.moe.top_k) +
+                          " is more than \"num_local_experts\" = " + std::to_string(c.moe.experts));
     }
   } else {
     throw ConfigError(origin + ": model_type \"" + type +

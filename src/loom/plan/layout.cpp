@@ -138,8 +138,8 @@ Verdict check_layout(const Layout& l, const Job& j) {
     return div(j.software.loom_engine ? "ZeRO needs dp x cp > 1" : "ZeRO needs dp > 1");
   if (l.ep > 1) {
     if (!j.model.is_moe()) return div("ep > 1 needs a mixture-of-experts model");
-    if (j.model.n_experts % l.ep || l.dp % l.ep)
-      return div(fmt::format("ep = {} must divide {} experts and dp = {}", l.ep, j.model.n_experts, l.dp));
+    if (j.model.n_experts() % l.ep || l.dp % l.ep)
+      return div(fmt::format("ep = {} must divide {} experts and dp = {}", l.ep, j.model.n_experts(), l.dp));
   }
   if (j.global_batch % (int64_t(l.dp) * l.micro_batch))
     return {Reject::Batch, fmt::format("global batch {} is not a multiple of dp * micro_batch = {}", j.global_batch,

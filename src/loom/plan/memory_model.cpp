@@ -18,7 +18,7 @@ double activation_bytes_per_layer(const Layout& l, const Job& j) {
   const double kv_rank = static_cast<double>(spec::kv_heads_per_rank(c, l.tp) * c.head_dim()) / h;
   const double F = static_cast<double>(c.d_ff) / h;
   // Each token passes through top_k expert MLPs; the busiest rank holds moe_imbalance times the mean.
-  const double k = static_cast<double>(j.model.top_k) * (j.model.is_moe() ? j.software.moe_imbalance : 1.0);
+  const double k = static_cast<double>(j.model.top_k()) * (j.model.is_moe() ? j.software.moe_imbalance : 1.0);
   const bool gpt2 = c.arch == spec::Arch::GPT2;
   if (l.recompute == Recompute::Full) return 2.0 * sbh / (l.sp ? t : 1.0);  // only the layer input
   // Per sbh element, bytes (16-bit activations, 1-byte dropout masks), Korthikanti et al. section 4:
@@ -137,7 +137,7 @@ MemoryBreakdown stage_memory(const Layout& l, const Job& j, int stage) {
   if (l.tp > 1) comm += 2 * s * b * h * 2;
   if (l.pp > 1) comm += 2 * 2 * s * b * h * 2 / (l.tp > 1 ? l.tp : 1);
   if (l.zero == 3) comm += 2 * (p.dense + p.expert) / layers * sb.weight;
-  if (j.model.is_moe()) comm += 2 * 2 * s * b * h * static_cast<double>(j.model.top_k) * j.software.moe_imbalance * 2;
+  if (j.model.is_moe()) comm += 2 * 2 * s * b * h * static_cast<double>(j.model.top_k()) * j.software.moe_imbalance * 2;
   m.comm_buffers = comm;
   m.total = m.state() + m.activations + m.logits + m.comm_buffers;
   m.usable = j.cluster.hw.device.memory_bytes * (1 - j.memory_margin);

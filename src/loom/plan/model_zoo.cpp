@@ -20,7 +20,7 @@ spec::TransformerConfig llama(const std::string& name, int64_t vocab, int64_t se
 
 PlanModel dense_llama(const std::string& name, int64_t vocab, int64_t seq, int64_t d, int64_t layers, int64_t heads,
                       int64_t kv, int64_t ff, float theta, const std::string& source) {
-  return PlanModel{llama(name, vocab, seq, d, layers, heads, kv, ff, theta), 1, 1, source};
+  return PlanModel{llama(name, vocab, seq, d, layers, heads, kv, ff, theta), source};
 }
 
 // A GPT-3-style model with its own vocabulary (Megatron's shapes use 51,200).
@@ -84,8 +84,9 @@ const std::map<std::string, std::function<PlanModel()>>& zoo() {
       {"nemo-gpt3-20b", [] { return gpt("nemo-gpt3-20b", 44, 6144, 48, 50257, "NeMo-Megatron-Launcher conf/training/gpt3/20b.yaml"); }},
       {"mixtral-8x7b",
        [] {
-         return PlanModel{llama("mixtral-8x7b", 32000, 4096, 4096, 32, 32, 8, 14336, 1e6), 8, 2,
-                          "Jiang et al. 2024 (Mixtral of Experts), Table 1"};
+         spec::TransformerConfig c = llama("mixtral-8x7b", 32000, 4096, 4096, 32, 32, 8, 14336, 1e6);
+         c.moe.experts = 8, c.moe.top_k = 2;
+         return PlanModel{c, "Jiang et al. 2024 (Mixtral of Experts), Table 1"};
        }},
   };
   return z;
@@ -115,7 +116,7 @@ PlanModel plan_model(const std::string& name) {
     return m;
   }
   for (auto& p : spec::preset_names())
-    if (p == name) return PlanModel{spec::preset(name), 1, 1, "Loom preset (spec/transformer_config.cpp)"};
+    if (p == name) return PlanModel{spec::preset(name), "Loom preset (spec/transformer_config.cpp)"};
   std::string valid;
   for (auto& n : plan_model_names()) valid += (valid.empty() ? "" : ", ") + n;
   throw ConfigError("unknown model '" + name + "' (valid: " + valid +
@@ -131,15 +132,20 @@ ParamCounts count_params(const PlanModel& m) {
   const int64_t q = c.n_heads * hd, kv = c.n_kv_heads * hd;
   int64_t attn = C * (q + 2 * kv) + q * C + (gpt2 ? (q + 2 * kv) + C : 0);
   int64_t norms = gpt2 ? 4 * C : 2 * C;
-  // One expert's MLP: GPT-2 c_fc + c_proj with biases; Llama gate, up, down.
-  int64_t mlp = gpt2 ? 2 * C * F + F + C : 3 * C * F;
-  int64_t router = m.is_moe() ? C * m.n_experts : 0;
-  p.per_layer_expert = m.is_moe() ? mlp * m.n_experts : 0;
-  p.per_layer = attn + norms + mlp * m.n_experts + router;
+  // A dense block's MLP: GPT-2 c_fc + c_proj with biases; Llama gate, up, down. A mixture-of-experts
+  // block's: the router, its SwiGLU experts (no biases) and the shared experts' SwiGLU MLP.
+  const int64_t mlp = gpt2 ? 2 * C * F + F + C : 3 * C * F;
+  const int64_t expert = 3 * C * c.expert_width(), E = m.n_experts();
+  const int64_t bias = c.moe.bias_update_rate > 0 ? E : 0;  // auxiliary-loss-free selection bias
+  const int64_t moe_mlp = C * E + bias + expert * E + expert * c.moe.shared_experts;
+  const int64_t moe_layers = c.moe_layer_count(), dense_layers = c.n_layers - moe_layers;
+  const int64_t blocks = c.n_layers * (attn + norms) + dense_layers * mlp + moe_layers * moe_mlp;
+  p.per_layer_expert = moe_layers * expert * E / c.n_layers;
+  p.per_layer = blocks / c.n_layers;
   p.final_norm = gpt2 ? 2 * C : C;
   p.lm_head = c.tie_embeddings ? 0 : c.vocab_size * C;
-  p.total = p.embedding + c.n_layers * p.per_layer + p.final_norm + p.lm_head;
-  p.active = p.total - c.n_layers * mlp * (m.n_experts - m.top_k);
+  p.total = p.embedding + blocks + p.final_norm + p.lm_head;
+  p.active = p.total - moe_layers * expert * (E - m.top_k());
   return p;
 }
 

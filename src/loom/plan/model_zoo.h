@@ -1,7 +1,7 @@
 // The models the planner knows: every Loom preset (from spec::preset) plus large published models
-// (GPT-3 175B, the Megatron-LM sizes, Llama-3 8B/70B/405B, a Mixtral-style 8x7B MoE). MoE fields the
-// spec lacks live here, wrapping the spec's TransformerConfig; parameter counts are computed in closed
-// form (and agree exactly with spec::build_param_table for the presets -- tests pin it).
+// (GPT-3 175B, the Megatron-LM sizes, Llama-3 8B/70B/405B, a Mixtral-style 8x7B MoE), wrapping the
+// spec's TransformerConfig (its [model.moe] included); parameter counts are computed in closed form (and
+// agree exactly with spec::build_param_table for the presets -- tests pin it).
 #pragma once
 
 #include <cstdint>
@@ -14,11 +14,11 @@ namespace loom::plan {
 
 struct PlanModel {
   spec::TransformerConfig cfg;
-  int64_t n_experts = 1;  // > 1: every MLP is a mixture of this many experts
-  int64_t top_k = 1;      // experts each token is routed to
-  std::string source;     // where the shape comes from
+  std::string source;  // where the shape comes from
 
-  bool is_moe() const { return n_experts > 1; }
+  bool is_moe() const { return cfg.moe.enabled(); }
+  int64_t n_experts() const { return is_moe() ? cfg.moe.experts : 1; }  // experts per MoE block (1: dense)
+  int64_t top_k() const { return is_moe() ? cfg.moe.top_k : 1; }        // experts each token is routed to
 };
 
 // Loom preset or zoo name (case-sensitive); throws ConfigError listing every valid name.
@@ -30,8 +30,8 @@ PlanModel megatron_gpt(const std::string& name, int64_t layers, int64_t hidden, 
 // Parameter counts (exact, including biases and norm gains).
 struct ParamCounts {
   int64_t embedding = 0;   // token (+ learned position) embeddings
-  int64_t per_layer = 0;   // one transformer block (all experts for MoE)
-  int64_t per_layer_expert = 0;  // of per_layer: expert MLP weights (all experts), 0 for dense
+  int64_t per_layer = 0;   // one transformer block, the mean over blocks (all experts for MoE)
+  int64_t per_layer_expert = 0;  // of per_layer: expert MLP weights (all experts), the mean; 0 for dense
   int64_t final_norm = 0;
   int64_t lm_head = 0;     // 0 when tied to the embedding
   int64_t total = 0;

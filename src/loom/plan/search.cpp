@@ -129,7 +129,7 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
         }
         const int dp = N / (tp * pp * cp);
         if (f.dp && *f.dp != dp) continue;
-        for (int ep : pick(f.ep, j.model.is_moe() ? divisors(std::min<int64_t>(dp, j.model.n_experts), 64) : std::vector<int>{1}))
+        for (int ep : pick(f.ep, j.model.is_moe() ? divisors(std::min<int64_t>(dp, j.model.n_experts()), 64) : std::vector<int>{1}))
           for (int mb : pick(f.micro_batch, powers_of_two_dividing(std::max<int64_t>(1, j.global_batch / dp), 16)))
             for (int vpp : pick(f.vpp, pp > 1 ? divisors(c.n_layers / pp, 8) : std::vector<int>{1}))
               for (Schedule sch : pick(f.schedule, vpp > 1   ? std::vector<Schedule>{Schedule::Interleaved}

@@ -95,10 +95,10 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   };
   lc.gemm_attn += linear({n, q / t + 2 * kv_t, h});  // QKV
   lc.gemm_attn += linear({n, h, q / t});             // output projection
-  const double E = static_cast<double>(j.model.n_experts);
+  const double E = static_cast<double>(j.model.n_experts());
   // MoE: the device's E/ep experts see n*top_k tokens in all, n*ep*top_k/E each on average, and the
   // busiest rank moe_imbalance times that.
-  const double k = static_cast<double>(j.model.top_k) * (j.model.is_moe() ? sw.moe_imbalance : 1.0);
+  const double k = static_cast<double>(j.model.top_k()) * (j.model.is_moe() ? sw.moe_imbalance : 1.0);
   const double experts = j.model.is_moe() ? E / l.ep : 1;
   const double rows = j.model.is_moe() ? n * l.ep * k / E : n;
   lc.gemm_mlp += linear({rows, (gpt2 ? F : 2 * F) / t, h, experts});

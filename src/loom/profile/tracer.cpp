@@ -52,6 +52,16 @@ void Tracer::record(const char* name, Category category, int64_t start_ns, int64
   }
 }
 
+void Tracer::counter(std::string name, std::vector<std::pair<std::string, double>> values) {
+  if (mode_ != Mode::Full) return;
+  const int64_t at = now_ns();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.size() + counters_.size() < kMaxEvents)
+    counters_.push_back({std::move(name), at, std::move(values)});
+  else
+    ++dropped_;
+}
+
 std::map<std::string, SpanStats> Tracer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -91,6 +101,12 @@ std::string Tracer::chrome_events_json(int64_t origin_ns, int64_t clock_offset_n
         "\"args\":{{\"flops\":{:.0f},\"bytes\":{:.0f}{}}}}}",
         e.name, category_name(e.category), static_cast<double>(e.start_ns - clock_offset_ns - origin_ns) * 1e-3,
         static_cast<double>(e.duration_ns) * 1e-3, e.rank, tid, e.flops, e.bytes, where);
+  }
+  for (auto& c : counters_) {
+    std::string args;
+    for (auto& [series, v] : c.values) args += fmt::format("{}\"{}\":{}", args.empty() ? "" : ",", series, v);
+    out += fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"C\",\"ts\":{:.3f},\"pid\":{},\"args\":{{{}}}}}", c.name,
+                       static_cast<double>(c.at_ns - clock_offset_ns - origin_ns) * 1e-3, rank_, args);
   }
   return out;
 }

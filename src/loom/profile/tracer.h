@@ -9,6 +9,7 @@
 #include <optional>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::profile {
@@ -79,6 +80,14 @@ struct Event {
   SpanContext context;
 };
 
+// A counter sample (Chrome trace "ph":"C"): named series' values at one moment, shown by Perfetto as a
+// track of its own (e.g. each expert's tokens per step).
+struct CounterSample {
+  std::string name;
+  int64_t at_ns;
+  std::vector<std::pair<std::string, double>> values;
+};
+
 class Tracer {
  public:
   enum class Mode { Off, Summary, Full };
@@ -89,6 +98,8 @@ class Tracer {
   static int64_t now_ns();
 
   void record(const char* name, Category category, int64_t start_ns, int64_t end_ns, double flops, double bytes);
+  // A counter sample now (Full mode only; it is not a span and enters no statistics).
+  void counter(std::string name, std::vector<std::pair<std::string, double>> values);
 
   // Per-name totals since construction or the last reset (e.g. after warm-up steps).
   std::map<std::string, SpanStats> stats() const;
@@ -114,6 +125,7 @@ class Tracer {
   mutable std::mutex mu_;
   std::map<std::string, SpanStats> stats_;
   std::vector<Event> events_;
+  std::vector<CounterSample> counters_;
   int64_t dropped_ = 0;
 };
 

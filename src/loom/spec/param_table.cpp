@@ -203,6 +203,32 @@ ParamSpec vec(std::string name, int64_t n, Init::Kind kind, Placement placement 
   return p;
 }
 
+// A mixture-of-experts MLP (Mixtral's names under `prefix`): the router, then per expert its gate (w1),
+// up (w3) and down (w2) projections, so each expert's gate|up rows are adjacent (one GEMM) and each
+// expert's weights one contiguous piece of the arena; then the shared experts' SwiGLU MLP.
+void add_moe(ParamTable& t, const TransformerConfig& c, const std::string& prefix, float resid_std) {
+  const int64_t C = c.d_model, Fe = c.expert_width(), E = c.moe.experts;
+  // The router runs in f32 in every precision (a bf16 rounding of its scores would flip near-tied
+  // choices), so it is read as a whole tensor, not only as a GEMM's bf16 copy.
+  t.add(matrix(prefix + "gate.weight", E, C, c.init_std, Placement::replicate()));
+  // Auxiliary-loss-free balancing: the selection bias (DeepSeek-V3's name). Not trained -- its gradient
+  // is zero, so AdamW leaves it alone -- but moved by the trainer after each step, and a weight like any
+  // other for checkpoints, layouts and export.
+  if (c.moe.bias_update_rate > 0) t.add(vec(prefix + "gate.e_score_correction_bias", E, Init::Kind::Zeros));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = prefix + "experts." + std::to_string(e) + ".";
+    t.add(linear(x + "w1.weight", Fe, C, c.init_std, Placement::replicate()));
+    t.add(linear(x + "w3.weight", Fe, C, c.init_std, Placement::replicate()));
+    t.add(linear(x + "w2.weight", C, Fe, resid_std, Placement::replicate()));
+  }
+  if (c.moe.shared_experts > 0) {
+    const int64_t Fs = c.moe.shared_experts * Fe;
+    t.add(linear(prefix + "shared_experts.gate_proj.weight", Fs, C, c.init_std, Placement::replicate()));
+    t.add(linear(prefix + "shared_experts.up_proj.weight", Fs, C, c.init_std, Placement::replicate()));
+    t.add(linear(prefix + "shared_experts.down_proj.weight", C, Fs, resid_std, Placement::replicate()));
+  }
+}
+
 void add_gpt2(ParamTable& t, const TransformerConfig& c) {
   const int64_t C = c.d_model;
   // GPT-2 scales the init of projections that write into the residual stream by 1/sqrt(2L),
@@ -221,6 +247,10 @@ void add_gpt2(ParamTable& t, const TransformerConfig& c) {
     t.add(vec(p + "attn.c_proj.bias", C, Init::Kind::Zeros));
     t.add(vec(p + "ln_2.weight", C, Init::Kind::Ones));
     t.add(vec(p + "ln_2.bias", C, Init::Kind::Zeros));
+    if (c.is_moe_layer(l)) {
+      add_moe(t, c, moe_param_prefix(c, l), resid_std);
+      continue;
+    }
     t.add(linear(p + "mlp.c_fc.weight", c.d_ff, C, c.init_std, tp_rows()));
     t.add(vec(p + "mlp.c_fc.bias", c.d_ff, Init::Kind::Zeros, tp_rows()));
     t.add(linear(p + "mlp.c_proj.weight", C, c.d_ff, resid_std, tp_cols()));
@@ -247,6 +277,10 @@ void add_llama(ParamTable& t, const TransformerConfig& c) {
     t.add(linear(p + "self_attn.v_proj.weight", c.n_kv_heads * hd, C, c.init_std, kv));
     t.add(linear(p + "self_attn.o_proj.weight", C, c.n_heads * hd, resid_std, tp_cols()));
     t.add(vec(p + "post_attention_layernorm.weight", C, Init::Kind::Ones));
+    if (c.is_moe_layer(l)) {
+      add_moe(t, c, moe_param_prefix(c, l), resid_std);
+      continue;
+    }
     t.add(linear(p + "mlp.gate_proj.weight", c.d_ff, C, c.init_std, tp_rows()));
     t.add(linear(p + "mlp.up_proj.weight", c.d_ff, C, c.init_std, tp_rows()));
     t.add(linear(p + "mlp.down_proj.weight", C, c.d_ff, resid_std, tp_cols()));
@@ -264,6 +298,11 @@ std::string divisors(int64_t n, int64_t limit) {
 }
 
 }  // namespace
+
+std::string moe_param_prefix(const TransformerConfig& cfg, int64_t layer) {
+  return cfg.arch == Arch::Llama ? "model.layers." + std::to_string(layer) + ".block_sparse_moe."
+                                 : "transformer.h." + std::to_string(layer) + ".moe.";
+}
 
 void validate_tensor_parallel(const TransformerConfig& c, int tp) {
   if (tp < 1) throw ConfigError("parallel.tp = " + std::to_string(tp) + " must be at least 1");

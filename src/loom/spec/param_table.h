@@ -117,6 +117,10 @@ std::vector<ArenaRange> intersect(const std::vector<ArenaRange>& a, const std::v
 // one line a width the tp degree does not divide.
 ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard = {});
 
+// Where block `layer`'s mixture-of-experts tensors are named: "model.layers.L.block_sparse_moe." (Llama:
+// Mixtral's names) or "transformer.h.L.moe." (GPT-2).
+std::string moe_param_prefix(const TransformerConfig& cfg, int64_t layer);
+
 // Throws ConfigError naming the numbers and the valid degrees when `tp` cannot split `cfg` (heads, KV
 // heads, FFN width). A vocabulary tp does not divide is padded, never refused.
 void validate_tensor_parallel(const TransformerConfig& cfg, int tp);

@@ -124,7 +124,7 @@ double ranged_double(const toml::node& n, const std::string& key, const Range& r
 // The one place each configuration key is defined and documented.
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
-      LOOM_STRING("model.preset", model.preset, "model preset: tiny, tiny-llama, mini, gpt2-124m, llama-mini"),
+      LOOM_STRING("model.preset", model.preset, "model preset: tiny, tiny-llama, tiny-moe, mini, gpt2-124m, llama-mini, moe-mini"),
       Field{"model.arch", "string", "architecture family: \"gpt2\" or \"llama\" (overrides the preset's)",
             [](RunConfig& c, const toml::node& n) { c.model.resolved.arch = spec::parse_arch(as_string(n, "model.arch")); },
             [](const RunConfig& c) { return quote(std::string(spec::arch_name(c.model.resolved.arch))); }},
@@ -140,6 +140,28 @@ const std::vector<Field>& fields() {
       LOOM_DOUBLE("model.rope_theta", model.resolved.rope_theta, ({0, 1e12, true}), "rotary embedding base (llama)"),
       LOOM_BOOL("model.tie_embeddings", model.resolved.tie_embeddings, "LM head shares the token embedding"),
       LOOM_DOUBLE("model.init_std", model.resolved.init_std, ({0, 10, true}), "standard deviation of the normal initialisation"),
+      LOOM_INT("model.moe.experts", model.resolved.moe.experts, 0, 65536,
+               "mixture of experts: routed SwiGLU experts per MoE block (0: a dense model)"),
+      LOOM_INT("model.moe.top_k", model.resolved.moe.top_k, 1, 65536, "experts each token is routed to (<= experts)"),
+      LOOM_INT("model.moe.d_expert", model.resolved.moe.d_expert, 0, kMaxWidth, "each expert's SwiGLU width (0: model.d_ff)"),
+      LOOM_INT("model.moe.shared_experts", model.resolved.moe.shared_experts, 0, 65536,
+               "experts every token passes through, unrouted (one SwiGLU MLP of shared_experts x d_expert)"),
+      LOOM_INT("model.moe.every", model.resolved.moe.every, 1, 65536,
+               "every k-th block (from model.moe.first_dense on) is a mixture of experts"),
+      LOOM_INT("model.moe.first_dense", model.resolved.moe.first_dense, 0, 65536, "the first blocks keep a dense MLP"),
+      Field{"model.moe.score", "string", "router scores: \"softmax\" (Mixtral) or \"sigmoid\" (DeepSeek-V3)",
+            [](RunConfig& c, const toml::node& n) {
+              c.model.resolved.moe.score = spec::parse_router_score(as_string(n, "model.moe.score"));
+            },
+            [](const RunConfig& c) { return quote(std::string(spec::router_score_name(c.model.resolved.moe.score))); }},
+      LOOM_BOOL("model.moe.normalize_top_k", model.resolved.moe.normalize_top_k,
+                "rescale each token's top-k expert weights to sum to 1"),
+      LOOM_DOUBLE("model.moe.capacity_factor", model.resolved.moe.capacity_factor, ({0, 1e6}),
+                  "tokens per expert = ceil(factor x tokens x top_k / experts), the rest dropped; 0: dropless"),
+      LOOM_DOUBLE("model.moe.aux_loss_coef", model.resolved.moe.aux_loss_coef, ({0, 1e6}),
+                  "weight of the Switch-style load-balancing loss (0: none)"),
+      LOOM_DOUBLE("model.moe.bias_update_rate", model.resolved.moe.bias_update_rate, ({0, 1e6}),
+                  "auxiliary-loss-free balancing: per-step move of each expert's selection bias (0: off)"),
       Field{"precision", "string",
             "\"fp32\", \"bf16\" (bf16 GEMMs, f32 accumulation and master weights), \"bf16-sr\" (bf16 whose "
             "weight copies are rounded stochastically after each update), \"bf16-pure\" (weights and AdamW moments "
@@ -434,6 +456,21 @@ void RunConfig::validate() const {
                        spec::parse_layer_counts(p.pipeline_layers, "parallel.pipeline.layers"));
   }
   spec::validate_tensor_parallel(model.resolved, static_cast<int>(p.tp));
+  if (model.resolved.moe.enabled()) {
+    // What the mixture-of-experts block does not combine with yet, refused before any rank starts.
+    const std::string moe = "model.moe.experts = " + s(model.resolved.moe.experts) + " with ";
+    need(p.tp == 1, moe + "parallel.tp = " + s(p.tp) +
+                        " is not supported yet: the experts do not split over tensor parallelism; use parallel.tp = 1 "
+                        "(data parallelism and ZeRO spread the experts' state)");
+    need(p.cp == 1, moe + "parallel.cp = " + s(p.cp) +
+                        " is not supported yet: expert capacity and the load-balancing loss are per micro-batch of whole "
+                        "sequences; use parallel.cp = 1");
+    need(!fp8, moe + "precision = \"fp8\" is not supported yet: the experts' GEMMs have no fp8 scaling state; use "
+                     "precision = \"bf16\"");
+    need(p.pp == 1 || spec::parse_schedule(p.pipeline_schedule) != spec::PipelineSchedule::ZeroBubbleH1,
+         moe + "parallel.pipeline.schedule = \"zb-h1\" is not supported yet: the experts' backward is not split into "
+               "input- and weight-gradient passes; use \"1f1b\"");
+  }
   if (p.sequence_parallel && p.tp > 1 && (micro_batch() * (seq_len() / p.cp)) % p.tp != 0) {
     // Each rank holds a contiguous run of the micro-batch's token rows (of its cp share); suggest the
     // nearest lengths that split.

@@ -107,6 +107,14 @@ void MetricsLog::write(const StepMetrics& s) {
     for (const auto& t : s.fp8_tensors) per[t.name] = {t.overflow, t.underflow};
     j["fp8_tensors"] = per;
   }
+  if (!s.moe.empty()) {
+    // Per mixture-of-experts block: tokens per expert, dropped, max/mean and the load-balancing loss.
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const auto& b : s.moe)
+      blocks.push_back({{"layer", b.layer}, {"tokens_per_expert", b.routed}, {"dropped", b.dropped},
+                        {"imbalance", b.imbalance}, {"aux_loss", b.aux_loss}});
+    j["moe"] = blocks;
+  }
   if (s.exposed_comm_seconds > 0 || s.comm_cpu_seconds > 0) {
     j["exposed_comm_s"] = s.exposed_comm_seconds;
     j["comm_cpu_s"] = s.comm_cpu_seconds;

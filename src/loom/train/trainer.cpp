@@ -194,6 +194,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   }
   StepMetrics s;
   end_fp8_step(s);
+  end_moe_step(s, skip_reason.empty());
   // Seconds this thread waited on dp, tp and cp collectives (communication nothing overlapped).
   const double exposed =
       dp.wait_seconds() - dp_wait0 + par_.tp_wait_seconds() - tp_wait0 + par_.cp_wait_seconds() - cp_wait0;
@@ -487,6 +488,73 @@ void Trainer::check_pipeline_messages_fit() const {
       pp_->transport_name(), cfg_.precision == model::Precision::BF16 && !bf16_wire
                                  ? ", or parallel.pipeline.bf16_transfers = true"
                                  : ""));
+}
+
+void Trainer::end_moe_step(StepMetrics& s, bool applied) {
+  const auto& mc = cfg_.model.resolved;
+  if (!mc.moe.enabled()) return;
+  const int64_t E = mc.moe.experts;
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < mc.n_layers; ++l)
+    if (mc.is_moe_layer(l)) layers.push_back(l);
+  // Per block: routed[E], dropped, pairs, aux-loss sum, micro-batches; zeros for blocks another
+  // pipeline stage holds, so one sum over dp and pp gives every block's step.
+  const size_t width = static_cast<size_t>(E) + 4;
+  std::vector<double> sums(layers.size() * width, 0.0);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const model::MoeLoad& m = model_->moe_load()[static_cast<size_t>(layers[i])];
+    double* row = sums.data() + i * width;
+    for (size_t e = 0; e < m.routed.size(); ++e) row[e] = static_cast<double>(m.routed[e]);
+    row[E] = static_cast<double>(m.dropped), row[E + 1] = static_cast<double>(m.pairs);
+    row[E + 2] = m.aux_loss, row[E + 3] = static_cast<double>(m.micro_batches);
+  }
+  model_->reset_moe_load();
+  for (comm::ProcessGroup* g : {dp_, pp_}) {
+    if (!g) continue;
+    comm::issue_and_wait(backend_.tracer(), "moe_load_reduce", static_cast<double>(sums.size() * sizeof(double)), [&] {
+      return g->all_reduce(sums.data(), sums.data(), sums.size(), DType::F64, comm::ReduceOp::kSum);
+    });
+  }
+  const auto held = weights_held();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const double* row = sums.data() + i * width;
+    MoeBlockLoad b;
+    b.layer = layers[i];
+    double busiest = 0;
+    for (int64_t e = 0; e < E; ++e) b.routed.push_back(static_cast<int64_t>(row[e])), busiest = std::max(busiest, row[e]);
+    b.dropped = static_cast<int64_t>(row[E]);
+    const double mean = row[E + 1] / static_cast<double>(E);
+    b.imbalance = mean > 0 ? busiest / mean : 0.0;
+    b.aux_loss = row[E + 3] > 0 ? row[E + 2] / row[E + 3] : 0.0;
+    if (profile::Tracer* t = backend_.tracer()) {
+      std::vector<std::pair<std::string, double>> per;
+      for (int64_t e = 0; e < E; ++e) per.emplace_back("expert " + std::to_string(e), row[e]);
+      t->counter(fmt::format("moe tokens per expert (block {})", b.layer), std::move(per));
+      t->counter(fmt::format("moe dropped (block {})", b.layer), {{"dropped", row[E]}});
+    }
+    s.moe.push_back(std::move(b));
+    // DeepSeek-V3's balancing: each expert's bias moves by the rate toward the mean load (up when
+    // under-loaded). The same counts on every rank, so the same bias; each rank writes the elements it
+    // holds (ZeRO-3: its pieces), after the optimizer, which leaves the bias alone (its gradient is 0).
+    if (!applied || mc.moe.bias_update_rate <= 0 || row[E + 1] <= 0) continue;
+    const std::string name = spec::moe_param_prefix(mc, layers[i]) + "gate.e_score_correction_bias";
+    const auto index = params_->table().index_of(name);
+    if (!index) continue;  // another pipeline stage's block
+    const spec::ParamSpec& p = params_->table().params()[*index];
+    std::vector<float> bias(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const spec::ArenaRange el{p.offset + e, p.offset + e + 1};
+      bool mine = held.empty();
+      for (const auto& h : held) mine |= h.begin <= el.begin && el.end <= h.end;
+      if (!mine) continue;
+      float v = 0;
+      params_->read_f32(el.begin, 1, &v);
+      const double gap = mean - row[e];
+      v += static_cast<float>(mc.moe.bias_update_rate) * static_cast<float>((gap > 0) - (gap < 0));
+      params_->write_f32(el.begin, 1, &v);
+      params_->refresh_lowp(std::vector<spec::ArenaRange>{el});
+    }
+  }
 }
 
 void Trainer::end_fp8_step(StepMetrics& s) {

@@ -24,6 +24,15 @@
 
 namespace loom::train {
 
+// One mixture-of-experts block's routing over a step, summed over the ranks.
+struct MoeBlockLoad {
+  int64_t layer = 0;
+  std::vector<int64_t> routed;  // (token, slot) pairs routed to each expert, before capacity
+  int64_t dropped = 0;          // pairs past their expert's capacity
+  double imbalance = 0;         // the busiest expert's pairs over the mean
+  double aux_loss = 0;          // the load-balancing loss, mean over micro-batches and replicas
+};
+
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double loss = 0;
@@ -53,6 +62,8 @@ struct StepMetrics {
   bool fp8 = false;
   int64_t fp8_overflow = 0, fp8_underflow = 0;
   std::vector<model::Fp8TensorCounts> fp8_tensors;
+  // Mixture of experts: each MoE block's load (empty for a dense model).
+  std::vector<MoeBlockLoad> moe;
 };
 
 class Trainer {
@@ -143,6 +154,9 @@ class Trainer {
   // fp8: the step's amaxes (max) and overflow / underflow counts (sum) over every rank, into the
   // histories and `s`.
   void end_fp8_step(StepMetrics& s);
+  // Mixture of experts: each block's load summed over the ranks into s.moe (and trace counters), and,
+  // when the step was applied, the auxiliary-loss-free selection biases moved toward the mean load.
+  void end_moe_step(StepMetrics& s, bool applied);
   double tp_sum(double v) const;
   double pp_sum(double v) const;
   // The global gradient norm: every element counted once across the tp shards (and, under ZeRO, the dp

@@ -1,0 +1,163 @@
+#include "loom/model/moe_layer.h"
+
+#include <cmath>
+
+#include "loom/core/bf16.h"
+#include "loom/kernels/moe_routing.h"
+#include "loom/profile/tracer.h"
+
+namespace loom::model {
+
+void MoeLoad::add(const MoeLoad& o) {
+  if (routed.size() < o.routed.size()) routed.resize(o.routed.size(), 0);
+  for (size_t e = 0; e < o.routed.size(); ++e) routed[e] += o.routed[e];
+  dropped += o.dropped, pairs += o.pairs, aux_loss += o.aux_loss, micro_batches += o.micro_batches;
+}
+
+MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc) {
+  const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k;
+  auto make = [&](Shape s, DType d) { return Tensor::empty(s, d, alloc, MemCategory::Activations); };
+  auto f32 = [&](Shape s) { return make(s, DType::F32); };
+  const DType gemm = lowp ? DType::BF16 : DType::F32;
+  MoeActivations a;
+  a.scores = f32({N, E});
+  a.expert = make({N, k}, DType::I32), a.weight = f32({N, k}), a.row = make({N, k}, DType::I32);
+  a.token_of_row = make({M}, DType::I32);
+  a.x = make({M, C}, gemm);
+  a.h_pre = f32({M, 2 * Fe}), a.h_act = f32({M, Fe}), a.h_act_lp = lowp ? make({M, Fe}, gemm) : a.h_act;
+  a.y = f32({M, C});
+  if (Fs > 0) {
+    a.shared_pre = f32({N, 2 * Fs}), a.shared_act = f32({N, Fs});
+    a.shared_act_lp = lowp ? make({N, Fs}, gemm) : a.shared_act;
+  }
+  return a;
+}
+
+MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, Allocator& alloc) {
+  const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k;
+  auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, MemCategory::Activations); };
+  MoeScratch s;
+  s.dy = f32({M, C}), s.dx = f32({M, C}), s.d_act = f32({M, Fe}), s.d_pre = f32({M, 2 * Fe});
+  s.dweight = f32({N, k}), s.dlogits = f32({N, E});
+  if (Fs > 0) s.shared_d_act = f32({N, Fs}), s.shared_d_pre = f32({N, 2 * Fs});
+  return s;
+}
+
+MoeLayer::MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend, bool lowp)
+    : cfg_(cfg), be_(backend), lowp_(lowp) {}
+
+void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, const Tensor& x_f32, const Tensor& out,
+                       MoeLoad* load) {
+  const auto& m = cfg_.moe;
+  const int64_t N = x.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k;
+  const Tensor scores = a.scores.slice(0, N);
+  be_.linear_forward(scores, w.router.w.dtype() == DType::F32 ? x_f32 : x, w.router.w, nullptr, false);
+  // The selection bias in f32 (under bf16-pure the weights are bf16).
+  std::vector<float> bias;
+  if (w.score_bias.defined()) {
+    bias.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      bias[static_cast<size_t>(e)] = w.score_bias.dtype() == DType::F32 ? w.score_bias.data<float>()[e]
+                                                                         : bf16_to_f32(w.score_bias.data<bf16>()[e]);
+  }
+  {
+    profile::Span span(be_.tracer(), "moe_route", profile::Category::Kernel);
+    kernels::moe_route_forward(scores.data<float>(), a.expert.data<int32_t>(), a.weight.data<float>(), bias.empty() ? nullptr : bias.data(), N, E, k,
+                               m.score, m.normalize_top_k);
+    // Capacity: each expert's fair share of the pairs times the factor.
+    const int64_t capacity =
+        capacity_ && m.capacity_factor > 0
+            ? static_cast<int64_t>(std::ceil(m.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
+            : N * k;
+    auto placed = kernels::moe_assign_rows(a.row.data<int32_t>(), a.token_of_row.data<int32_t>(),
+                                           a.expert.data<int32_t>(), N, E, k, capacity);
+    a.routed = std::move(placed.routed), a.offsets = std::move(placed.offsets);
+    if (load) {
+      load->routed.resize(static_cast<size_t>(E), 0);
+      for (int64_t e = 0; e < E; ++e) load->routed[static_cast<size_t>(e)] += a.routed[static_cast<size_t>(e)];
+      load->dropped += placed.dropped, load->pairs += N * k, ++load->micro_batches;
+      load->aux_loss += kernels::moe_aux_loss(scores.data<float>(), a.routed, N, E, k, m.score);
+    }
+  }
+  const int64_t M = a.offsets.back();
+  {
+    profile::Span span(be_.tracer(), "moe_dispatch", profile::Category::Kernel);
+    kernels::moe_gather_rows(a.x.raw(), x.raw(), a.token_of_row.data<int32_t>(), M,
+                             C * static_cast<int64_t>(dtype_size(x.dtype())));
+  }
+  // Each expert's rows are one GEMM pair; an expert no token chose runs nothing.
+  auto rows = [&](const Tensor& t, int64_t e) {
+    return t.slice(a.offsets[static_cast<size_t>(e)], a.offsets[static_cast<size_t>(e) + 1]);
+  };
+  auto busy = [&](int64_t e) { return a.offsets[static_cast<size_t>(e) + 1] > a.offsets[static_cast<size_t>(e)]; };
+  for (int64_t e = 0; e < E; ++e)
+    if (busy(e)) be_.linear_forward(rows(a.h_pre, e), rows(a.x, e), w.gate_up[static_cast<size_t>(e)].w, nullptr, false);
+  if (M > 0) {
+    be_.swiglu_forward(a.h_act.slice(0, M), a.h_pre.slice(0, M));
+    if (lowp_) be_.cast(a.h_act_lp.slice(0, M), a.h_act.slice(0, M));
+  }
+  for (int64_t e = 0; e < E; ++e)
+    if (busy(e)) be_.linear_forward(rows(a.y, e), rows(a.h_act_lp, e), w.down[static_cast<size_t>(e)].w, nullptr, false);
+  {
+    profile::Span span(be_.tracer(), "moe_combine", profile::Category::Kernel);
+    kernels::moe_combine_forward(out.data<float>(), a.y.data<float>(), a.row.data<int32_t>(), a.weight.data<float>(), N,
+                                 k, C);
+  }
+  if (w.shared_gate_up.w.defined()) {
+    const Tensor pre = a.shared_pre.slice(0, N), act = a.shared_act.slice(0, N), act_lp = a.shared_act_lp.slice(0, N);
+    be_.linear_forward(pre, x, w.shared_gate_up.w, nullptr, false);
+    be_.swiglu_forward(act, pre);
+    if (lowp_) be_.cast(act_lp, act);
+    be_.linear_forward(out, act_lp, w.shared_down.w, nullptr, true);
+  }
+}
+
+void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const Tensor& dout, const Tensor& dx,
+                        const Tensor& x, const Tensor& x_f32, double aux_scale) {
+  const auto& m = cfg_.moe;
+  const int64_t N = dout.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k, M = a.offsets.back();
+  if (w.shared_gate_up.w.defined()) {
+    const Tensor d_act = s.shared_d_act.slice(0, N), d_pre = s.shared_d_pre.slice(0, N);
+    be_.linear_backward(&d_act, false, w.shared_down.dw, nullptr, dout, a.shared_act_lp.slice(0, N), w.shared_down.w);
+    be_.swiglu_backward(d_pre, a.shared_pre.slice(0, N), d_act);
+    be_.linear_backward(&dx, false, w.shared_gate_up.dw, nullptr, d_pre, x, w.shared_gate_up.w);
+  } else {
+    dx.fill_zero();
+  }
+  {
+    profile::Span span(be_.tracer(), "moe_combine_backward", profile::Category::Kernel);
+    kernels::moe_combine_backward(s.dy.data<float>(), s.dweight.data<float>(), dout.data<float>(), a.y.data<float>(),
+                                  a.row.data<int32_t>(), a.weight.data<float>(), N, k, C);
+  }
+  auto rows = [&](const Tensor& t, int64_t e) {
+    return t.slice(a.offsets[static_cast<size_t>(e)], a.offsets[static_cast<size_t>(e) + 1]);
+  };
+  auto busy = [&](int64_t e) { return a.offsets[static_cast<size_t>(e) + 1] > a.offsets[static_cast<size_t>(e)]; };
+  for (int64_t e = 0; e < E; ++e)
+    if (busy(e)) {
+      const Tensor d_act = rows(s.d_act, e);
+      be_.linear_backward(&d_act, false, w.down[static_cast<size_t>(e)].dw, nullptr, rows(s.dy, e), rows(a.h_act_lp, e),
+                          w.down[static_cast<size_t>(e)].w);
+    }
+  if (M > 0) be_.swiglu_backward(s.d_pre.slice(0, M), a.h_pre.slice(0, M), s.d_act.slice(0, M));
+  for (int64_t e = 0; e < E; ++e)
+    if (busy(e)) {
+      const Tensor d_in = rows(s.dx, e);
+      be_.linear_backward(&d_in, false, w.gate_up[static_cast<size_t>(e)].dw, nullptr, rows(s.d_pre, e), rows(a.x, e),
+                          w.gate_up[static_cast<size_t>(e)].w);
+    }
+  {
+    profile::Span span(be_.tracer(), "moe_route_backward", profile::Category::Kernel);
+    kernels::moe_scatter_add_rows(dx.data<float>(), s.dx.data<float>(), a.row.data<int32_t>(), N, k, C);
+    kernels::moe_route_backward(s.dlogits.data<float>(), s.dweight.data<float>(), a.scores.data<float>(),
+                                a.expert.data<int32_t>(), a.weight.data<float>(), a.routed, aux_scale, N, E, k, m.score,
+                                m.normalize_top_k);
+  }
+  const Tensor dlogits = s.dlogits.slice(0, N);
+  be_.linear_backward(&dx, true, w.router.dw, nullptr, dlogits, w.router.w.dtype() == DType::F32 ? x_f32 : x,
+                      w.router.w);
+}
+
+}  // namespace loom::model

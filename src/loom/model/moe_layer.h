@@ -1,0 +1,64 @@
+// A mixture-of-experts MLP ([model.moe]): the router scores each token's experts and picks top_k, the
+// (token, slot) pairs are placed in expert order under the capacity (or all of them, dropless), each
+// expert runs its SwiGLU on its rows, and the outputs are summed back per token with the router's
+// weights; shared experts run on every token beside them. The block calls it in place of its dense MLP.
+#pragma once
+
+#include <vector>
+
+#include "loom/kernels/backend.h"
+#include "loom/kernels/layer_ops.h"
+#include "loom/model/activations.h"
+#include "loom/spec/transformer_config.h"
+
+namespace loom::model {
+
+struct MoeWeights {
+  kernels::LinearWeights router;                // [E, C]
+  std::vector<kernels::LinearWeights> gate_up;  // per expert [2 Fe, C] (w1 | w3)
+  std::vector<kernels::LinearWeights> down;     // per expert [C, Fe] (w2)
+  kernels::LinearWeights shared_gate_up, shared_down;  // [2 Fs, C], [C, Fs]; undefined without shared experts
+  Tensor score_bias;  // [E] auxiliary-loss-free selection bias (undefined: none)
+  bool defined() const { return router.w.defined(); }
+};
+
+// One block's load over a step's micro-batches (training forwards only, not recomputes).
+struct MoeLoad {
+  std::vector<int64_t> routed;  // [E] (token, slot) pairs routed to each expert, before capacity
+  int64_t dropped = 0;          // pairs past capacity
+  int64_t pairs = 0;            // tokens x top_k
+  double aux_loss = 0;          // sum over micro-batches of the load-balancing loss
+  int64_t micro_batches = 0;
+  void add(const MoeLoad& o);
+};
+
+// The saved tensors of one MoE MLP over N tokens (expert-order buffers sized for all N k pairs), and
+// the backward scratch.
+MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc);
+MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, Allocator& alloc);
+
+class MoeLayer {
+ public:
+  MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend, bool lowp);
+  // Whether model.moe.capacity_factor drops tokens (training and evaluation), or every pair is kept
+  // (generation: a prompt's routing must not depend on how many tokens are fed at once).
+  void set_capacity(bool on) { capacity_ = on; }
+
+  // out [N, C] += moe(x); x [N, C] is the normed input in GEMM precision, x_f32 the same in f32 (the
+  // router's input: it runs in f32 unless its weight is bf16, under bf16-pure). `load`
+  // (nullptr: not counted) gains this call's routing.
+  void forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, const Tensor& x_f32, const Tensor& out,
+               MoeLoad* load);
+  // dx [N, C] = d(loss)/d(x) (written) from dout = d(loss)/d(out); the weights' gradients accumulate.
+  // aux_scale: the load-balancing loss's weight in the loss.
+  void backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const Tensor& dout, const Tensor& dx,
+                const Tensor& x, const Tensor& x_f32, double aux_scale);
+
+ private:
+  const spec::TransformerConfig& cfg_;
+  kernels::Backend& be_;
+  bool lowp_;
+  bool capacity_ = true;
+};
+
+}  // namespace loom::model
