@@ -85,3 +85,16 @@ TEST(Gemm, LargeShapeMatchesTheReference) {
   check({.M = 256, .N = 384, .K = 384, .trans_b = true}, 300);
   check({.M = 256, .N = 384, .K = 384, .trans_b = true, .ab_type = DType::BF16}, 301);
 }
+
+// Run-time shapes (a mixture of experts' changing row counts): one primitive per flag set serves every
+// shape, and each shape's result still matches float64, in both precisions and every transpose.
+TEST(Gemm, RunTimeShapesMatchFloat64ForEverySizeTheyAreGiven) {
+  uint32_t seed = 400;
+  for (DType t : {DType::F32, DType::BF16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int64_t m : {1, 7, 64, 93})
+          check({.M = m, .N = 40, .K = 24 + m % 5, .trans_a = ta, .trans_b = tb, .ab_type = t, .accumulate = ta,
+                 .runtime_shape = true},
+                seed++);
+}

@@ -4,6 +4,7 @@
 // Kept as small as the model needs: no speculative methods.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include "loom/core/tensor.h"
@@ -37,6 +38,15 @@ class Backend {
   // linear_backward calls, with no db. It lives in the backend's scratch until its next cast of an
   // output gradient (f32 weights: dy itself).
   virtual Tensor prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) = 0;
+  // Grouped linear (a mixture of experts' experts): rows [offsets[g], offsets[g + 1]) of x [M, IC] go
+  // through w[g] [OC, IC]: y[rows] = x[rows] . w[g]^T. One GEMM primitive with run-time dimensions
+  // serves every group and every step's row counts (gemm.h: no JIT per count); empty groups are skipped.
+  virtual void grouped_linear_forward(const Tensor& y, const Tensor& x, std::span<const Tensor> w,
+                                      std::span<const int64_t> offsets) = 0;
+  // Its backward: dx[rows] = dy[rows] . w[g] (written), dw[g] += dy[rows]^T . x[rows]. dy is f32, cast
+  // once for all groups when the weights are bf16.
+  virtual void grouped_linear_backward(const Tensor& dx, std::span<const Tensor> dw, const Tensor& dy,
+                                       const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets) = 0;
 
   virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) = 0;
   virtual void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout,

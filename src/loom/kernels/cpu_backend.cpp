@@ -80,6 +80,76 @@ void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& 
   gemm(d, x.raw(), w.raw(), y.data<float>(), b ? f32_weights(*b, bias) : nullptr, alloc_);
 }
 
+namespace {
+// Checks a grouped linear's operands: one weight per group, offsets ascending within the rows.
+void expect_groups(const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets, const char* op) {
+  expect(!w.empty() && offsets.size() == w.size() + 1 && offsets.front() == 0 && offsets.back() <= rows(x),
+         std::string(op) + ": " + std::to_string(w.size()) + " weights need " + std::to_string(w.size() + 1) +
+             " ascending row offsets from 0 within x " + sh(x));
+  for (size_t g = 0; g < w.size(); ++g)
+    expect(offsets[g] <= offsets[g + 1] && w[g].shape() == w[0].shape() && w[g].dtype() == x.dtype() &&
+               w[g].dim(1) == cols(x),
+           std::string(op) + ": group " + std::to_string(g) + "'s weight " + sh(w[g]) + " or rows do not fit x " + sh(x));
+}
+}  // namespace
+
+void CpuBackend::grouped_linear_forward(const Tensor& y, const Tensor& x, std::span<const Tensor> w,
+                                        std::span<const int64_t> offsets) {
+  expect_groups(x, w, offsets, "grouped_linear");
+  expect_f32(y, "grouped_linear", "output");
+  const int64_t OC = w[0].dim(0), IC = w[0].dim(1), M = offsets.back();
+  expect(rows(y) >= M && cols(y) == OC, "grouped_linear: y " + sh(y) + " does not fit " + std::to_string(M) + " rows x " +
+                                            std::to_string(OC));
+  auto c = gemm_cost({.M = M, .N = OC, .K = IC, .trans_b = true, .ab_type = x.dtype()});
+  Span span(tracer_, "gemm_grouped_fwd", Category::Gemm, c.flops, c.bytes);
+  const size_t xe = dtype_size(x.dtype());
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (n == 0) continue;
+    GemmDesc d{.M = n, .N = OC, .K = IC, .trans_b = true, .ab_type = x.dtype(), .runtime_shape = true};
+    gemm(d, static_cast<const std::byte*>(x.raw()) + r0 * IC * static_cast<int64_t>(xe), w[g].raw(),
+         y.data<float>() + r0 * OC, nullptr, alloc_);
+  }
+}
+
+void CpuBackend::grouped_linear_backward(const Tensor& dx, std::span<const Tensor> dw, const Tensor& dy,
+                                         const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets) {
+  expect_groups(x, w, offsets, "grouped_linear_backward");
+  expect_f32(dx, "grouped_linear_backward", "dx");
+  expect_f32(dy, "grouped_linear_backward", "dy");
+  const int64_t OC = w[0].dim(0), IC = w[0].dim(1), M = offsets.back();
+  expect(dw.size() == w.size() && rows(dy) >= M && cols(dy) == OC && rows(dx) >= M && cols(dx) == IC,
+         "grouped_linear_backward: dy " + sh(dy) + ", dx " + sh(dx) + " or the gradients do not fit the weights " +
+             sh(w[0]));
+  // The output gradient in the weights' precision, cast once for every group.
+  const Tensor g_all = M > 0 ? prepare_output_grad(dy.slice(0, M), nullptr, w[0]) : dy;
+  const size_t ge = dtype_size(g_all.dtype()), xe = dtype_size(x.dtype());
+  auto data_cost = gemm_cost({.M = M, .N = IC, .K = OC, .ab_type = w[0].dtype()});
+  {
+    Span span(tracer_, "gemm_grouped_bwd_data", Category::Gemm, data_cost.flops, data_cost.bytes);
+    for (size_t g = 0; g < w.size(); ++g) {
+      const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+      if (n == 0) continue;
+      GemmDesc d{.M = n, .N = IC, .K = OC, .ab_type = w[g].dtype(), .runtime_shape = true};
+      gemm(d, static_cast<const std::byte*>(g_all.raw()) + r0 * OC * static_cast<int64_t>(ge), w[g].raw(),
+           dx.data<float>() + r0 * IC, nullptr, alloc_);
+    }
+  }
+  auto weight_cost = gemm_cost({.M = OC, .N = IC, .K = M, .trans_a = true, .ab_type = w[0].dtype(), .accumulate = true});
+  Span span(tracer_, "gemm_grouped_bwd_weight", Category::Gemm, weight_cost.flops, weight_cost.bytes);
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (n == 0) continue;
+    expect(dw[g].shape() == w[g].shape() && dw[g].dtype() == DType::F32,
+           "grouped_linear_backward: gradient " + sh(dw[g]) + " does not fit its weight " + sh(w[g]));
+    GemmDesc d{.M = OC, .N = IC, .K = n, .trans_a = true, .ab_type = w[g].dtype(), .accumulate = true,
+               .runtime_shape = true};
+    gemm(d, static_cast<const std::byte*>(g_all.raw()) + r0 * OC * static_cast<int64_t>(ge),
+         static_cast<const std::byte*>(x.raw()) + r0 * IC * static_cast<int64_t>(xe), dw[g].data<float>(), nullptr,
+         alloc_);
+  }
+}
+
 Tensor CpuBackend::prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) {
   expect_f32(dy, "prepare_output_grad", "dy");
   expect(cols(dy) == w.dim(0) && (!db || db->numel() == w.dim(0)),

@@ -20,7 +20,7 @@ struct DescHash {
     h = h * 1000003u ^ std::hash<int64_t>()(d.N);
     h = h * 1000003u ^ std::hash<int64_t>()(d.K);
     h = h * 31u + (d.trans_a ? 1u : 0u) + (d.trans_b ? 2u : 0u) + (d.accumulate ? 4u : 0u) + (d.bias ? 8u : 0u) +
-        (static_cast<size_t>(d.ab_type) << 4);
+        (d.runtime_shape ? 16u : 0u) + (static_cast<size_t>(d.ab_type) << 5);
     return h;
   }
 };
@@ -49,14 +49,27 @@ struct Prepared {
   dnnl::memory::desc a, b, c, bias;
 };
 
-Prepared make_primitive(const GemmDesc& d, DType ab) {
+// The operands' memory descriptions: row-major storage, a transpose just swapped strides (no copy is
+// ever made). With run-time dimensions every size and stride is DNNL_RUNTIME_DIM_VAL.
+struct Descs {
+  dnnl::memory::desc a, b, c, bias;
+};
+Descs describe(const GemmDesc& d, DType ab, bool runtime) {
   using dims = dnnl::memory::dims;
-  auto t = to_dnnl(ab);
-  // Row-major storage; a transpose is just swapped strides, so no copy is ever made.
-  dnnl::memory::desc a({d.M, d.K}, t, d.trans_a ? dims{1, d.M} : dims{d.K, 1});
-  dnnl::memory::desc b({d.K, d.N}, t, d.trans_b ? dims{1, d.K} : dims{d.N, 1});
-  dnnl::memory::desc c({d.M, d.N}, dt::f32, dims{d.N, 1});
-  dnnl::memory::desc bias = d.bias ? dnnl::memory::desc({1, d.N}, dt::f32, dims{d.N, 1}) : dnnl::memory::desc();
+  const auto t = to_dnnl(ab);
+  const int64_t R = DNNL_RUNTIME_DIM_VAL;
+  const int64_t M = runtime ? R : d.M, N = runtime ? R : d.N, K = runtime ? R : d.K;
+  Descs s;
+  s.a = dnnl::memory::desc({M, K}, t, d.trans_a ? dims{1, M} : dims{K, 1});
+  s.b = dnnl::memory::desc({K, N}, t, d.trans_b ? dims{1, K} : dims{N, 1});
+  s.c = dnnl::memory::desc({M, N}, dt::f32, dims{N, 1});
+  if (d.bias) s.bias = dnnl::memory::desc({1, N}, dt::f32, dims{N, 1});
+  return s;
+}
+
+Prepared make_primitive(const GemmDesc& d, DType ab) {
+  const Descs s = describe(d, ab, d.runtime_shape);
+  const auto &a = s.a, &b = s.b, &c = s.c, &bias = s.bias;
   dnnl::primitive_attr attr;
   if (d.accumulate) {
     dnnl::post_ops po;
@@ -73,6 +86,7 @@ class PrimitiveCache {
   const Prepared& get(const GemmDesc& d, DType ab) {
     GemmDesc key = d;
     key.ab_type = ab;
+    if (key.runtime_shape) key.M = key.N = key.K = 0;  // one primitive for every shape
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, make_primitive(d, ab)).first;
@@ -150,11 +164,13 @@ void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float
   }
   const Prepared& p = cache().get(d, ab);
   auto& e = engine();
-  dnnl::memory ma(p.a, e.engine, const_cast<void*>(A));
-  dnnl::memory mb(p.b, e.engine, const_cast<void*>(B));
-  dnnl::memory mc(p.c, e.engine, C);
+  // A run-time-shaped primitive executes on memory described with this call's sizes.
+  const Descs s = d.runtime_shape ? describe(d, ab, false) : Descs{p.a, p.b, p.c, p.bias};
+  dnnl::memory ma(s.a, e.engine, const_cast<void*>(A));
+  dnnl::memory mb(s.b, e.engine, const_cast<void*>(B));
+  dnnl::memory mc(s.c, e.engine, C);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-  if (d.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, e.engine, const_cast<float*>(bias)));
+  if (d.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(s.bias, e.engine, const_cast<float*>(bias)));
   p.prim.execute(e.stream, args);
   e.stream.wait();
 }

@@ -23,6 +23,11 @@ struct GemmDesc {
   DType ab_type = DType::F32;  // F32 or BF16 for both A and B; C is always F32
   bool accumulate = false;   // C += result (gradient accumulation) instead of C = result
   bool bias = false;         // add bias[N] (F32) to each row
+  // The shape changes from call to call (a mixture of experts' rows per expert): one primitive with
+  // run-time dimensions serves every shape of these flags, instead of one primitive -- and its JIT
+  // compilation, ~1 ms -- per shape (measured: new primitive per call 283 GFLOP/s, run-time shape
+  // 540-680, a cached fixed shape 625, bf16 on the AVX512-BF16 EPYC; bench/moe.sh).
+  bool runtime_shape = false;
 
   bool operator==(const GemmDesc&) const = default;
   std::string str() const;

@@ -45,8 +45,9 @@ ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterSto
     if (cfg.moe.bias_update_rate > 0) m.score_bias = P.param(prefix + "gate.e_score_correction_bias");
     for (int64_t e = 0; e < cfg.moe.experts; ++e) {
       const std::string x = prefix + "experts." + std::to_string(e) + ".";
-      m.gate_up.push_back(fused(x + "w1.weight", x + "w3.weight"));
-      m.down.push_back(linear(x + "w2.weight", ""));
+      const LinearViews gate_up = fused(x + "w1.weight", x + "w3.weight"), down = linear(x + "w2.weight", "");
+      m.gate_up.push_back(gate_up.w), m.gate_up_grad.push_back(gate_up.dw);
+      m.down.push_back(down.w), m.down_grad.push_back(down.dw);
     }
     if (cfg.moe.shared_experts > 0) {
       m.shared_gate_up = fused(prefix + "shared_experts.gate_proj.weight", prefix + "shared_experts.up_proj.weight");

@@ -87,19 +87,13 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, 
     kernels::moe_gather_rows(a.x.raw(), x.raw(), a.token_of_row.data<int32_t>(), M,
                              C * static_cast<int64_t>(dtype_size(x.dtype())));
   }
-  // Each expert's rows are one GEMM pair; an expert no token chose runs nothing.
-  auto rows = [&](const Tensor& t, int64_t e) {
-    return t.slice(a.offsets[static_cast<size_t>(e)], a.offsets[static_cast<size_t>(e) + 1]);
-  };
-  auto busy = [&](int64_t e) { return a.offsets[static_cast<size_t>(e) + 1] > a.offsets[static_cast<size_t>(e)]; };
-  for (int64_t e = 0; e < E; ++e)
-    if (busy(e)) be_.linear_forward(rows(a.h_pre, e), rows(a.x, e), w.gate_up[static_cast<size_t>(e)].w, nullptr, false);
+  // Every expert's rows in one grouped GEMM per projection (an expert no token chose runs nothing).
   if (M > 0) {
+    be_.grouped_linear_forward(a.h_pre, a.x, w.gate_up, a.offsets);
     be_.swiglu_forward(a.h_act.slice(0, M), a.h_pre.slice(0, M));
     if (lowp_) be_.cast(a.h_act_lp.slice(0, M), a.h_act.slice(0, M));
+    be_.grouped_linear_forward(a.y, a.h_act_lp, w.down, a.offsets);
   }
-  for (int64_t e = 0; e < E; ++e)
-    if (busy(e)) be_.linear_forward(rows(a.y, e), rows(a.h_act_lp, e), w.down[static_cast<size_t>(e)].w, nullptr, false);
   {
     profile::Span span(be_.tracer(), "moe_combine", profile::Category::Kernel);
     kernels::moe_combine_forward(out.data<float>(), a.y.data<float>(), a.row.data<int32_t>(), a.weight.data<float>(), N,
@@ -131,23 +125,11 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
     kernels::moe_combine_backward(s.dy.data<float>(), s.dweight.data<float>(), dout.data<float>(), a.y.data<float>(),
                                   a.row.data<int32_t>(), a.weight.data<float>(), N, k, C);
   }
-  auto rows = [&](const Tensor& t, int64_t e) {
-    return t.slice(a.offsets[static_cast<size_t>(e)], a.offsets[static_cast<size_t>(e) + 1]);
-  };
-  auto busy = [&](int64_t e) { return a.offsets[static_cast<size_t>(e) + 1] > a.offsets[static_cast<size_t>(e)]; };
-  for (int64_t e = 0; e < E; ++e)
-    if (busy(e)) {
-      const Tensor d_act = rows(s.d_act, e);
-      be_.linear_backward(&d_act, false, w.down[static_cast<size_t>(e)].dw, nullptr, rows(s.dy, e), rows(a.h_act_lp, e),
-                          w.down[static_cast<size_t>(e)].w);
-    }
-  if (M > 0) be_.swiglu_backward(s.d_pre.slice(0, M), a.h_pre.slice(0, M), s.d_act.slice(0, M));
-  for (int64_t e = 0; e < E; ++e)
-    if (busy(e)) {
-      const Tensor d_in = rows(s.dx, e);
-      be_.linear_backward(&d_in, false, w.gate_up[static_cast<size_t>(e)].dw, nullptr, rows(s.d_pre, e), rows(a.x, e),
-                          w.gate_up[static_cast<size_t>(e)].w);
-    }
+  if (M > 0) {
+    be_.grouped_linear_backward(s.d_act, w.down_grad, s.dy, a.h_act_lp, w.down, a.offsets);
+    be_.swiglu_backward(s.d_pre.slice(0, M), a.h_pre.slice(0, M), s.d_act.slice(0, M));
+    be_.grouped_linear_backward(s.dx, w.gate_up_grad, s.d_pre, a.x, w.gate_up, a.offsets);
+  }
   {
     profile::Span span(be_.tracer(), "moe_route_backward", profile::Category::Kernel);
     kernels::moe_scatter_add_rows(dx.data<float>(), s.dx.data<float>(), a.row.data<int32_t>(), N, k, C);

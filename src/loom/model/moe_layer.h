@@ -15,8 +15,8 @@ namespace loom::model {
 
 struct MoeWeights {
   kernels::LinearWeights router;                // [E, C]
-  std::vector<kernels::LinearWeights> gate_up;  // per expert [2 Fe, C] (w1 | w3)
-  std::vector<kernels::LinearWeights> down;     // per expert [C, Fe] (w2)
+  // Per expert, the GEMMs' weights and the gradients: gate|up [2 Fe, C] (w1 | w3), down [C, Fe] (w2).
+  std::vector<Tensor> gate_up, gate_up_grad, down, down_grad;
   kernels::LinearWeights shared_gate_up, shared_down;  // [2 Fs, C], [C, Fs]; undefined without shared experts
   Tensor score_bias;  // [E] auxiliary-loss-free selection bias (undefined: none)
   bool defined() const { return router.w.defined(); }
