@@ -48,6 +48,12 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       // bf16-pure: bf16 weights and moments, no masters (alone, every ZeRO stage, tp with SP)
       {"tiny", "bf16-pure", 1, 0, 8, 4},  {"tiny", "bf16-pure", 2, 1, 8, 2},  {"tiny-llama", "bf16-pure", 2, 2, 8, 2},
       {"tiny", "bf16-pure", 3, 3, 6, 2},  {"tiny-llama", "bf16-pure", 1, 0, 4, 2, 2, true, " --set model.n_kv_heads=1"},
+      // mixture of experts: dropless top-2, under ZeRO-3, full recompute, a shared expert on every other block
+      {"tiny-moe", "fp32", 1, 0, 8, 4},   {"tiny-moe", "bf16", 2, 3, 8, 2},
+      {"tiny-moe", "bf16", 1, 0, 8, 2, 1, false, " --set train.recompute=full"},
+      {"tiny-moe", "fp32", 1, 0, 8, 4, 1, false,
+       " --set model.moe.shared_experts=1 --set model.moe.every=2 --set train.recompute=selective"},
+      {"tiny-moe", "bf16-pure", 2, 1, 8, 2, 1, false, " --set model.moe.shared_experts=1 --set model.moe.every=2"},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");
@@ -68,6 +74,8 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
     if (std::string(c.extra).find("vocab_size=509") != std::string::npos) model.vocab_size = 509;
     if (std::string(c.extra).find("n_kv_heads=1") != std::string::npos) model.n_kv_heads = 1;
     if (std::string(c.extra).find("n_kv_heads=2") != std::string::npos) model.n_kv_heads = 2;
+    if (std::string(c.extra).find("moe.shared_experts=1") != std::string::npos) model.moe.shared_experts = 1;
+    if (std::string(c.extra).find("moe.every=2") != std::string::npos) model.moe.every = 2;
     if (std::string(c.extra).find("recompute=full") != std::string::npos) l.recompute = plan::Recompute::Full;
     if (std::string(c.extra).find("recompute=selective") != std::string::npos) l.recompute = plan::Recompute::Selective;
     const auto predicted = plan::loom_engine_memory(model, l, seq, numerics(c.precision));
@@ -98,6 +106,7 @@ struct PipeCase {
   int v;
   const char* layers;  // explicit cut, or ""
   const char* recompute = "none";
+  int moe_every = 1;  // mixture of experts (tiny-moe): every k-th block is MoE, the others dense
 };
 
 TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
@@ -112,6 +121,8 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
       {"tiny-llama", "fp32", 2, 1, 0, 1, false, "gpipe", 1, "1,3", "selective"},
       {"tiny", "bf16", 2, 1, 0, 1, false, "interleaved-1f1b", 2, "", "full"},
       {"tiny-llama", "bf16-pure", 2, 2, 1, 1, false, "1f1b", 1, ""},
+      {"tiny-moe", "bf16", 2, 1, 0, 1, false, "1f1b", 1, "1,3", "none", 2},  // a dense first stage, a mixed last
+      {"tiny-moe", "fp32", 2, 1, 0, 1, false, "interleaved-1f1b", 2, "", "full", 3},
   };
   for (const PipeCase& c : cases) {
     auto dir = scratch_dir("engine-mem-pp");
@@ -126,7 +137,7 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
                       std::to_string(c.tp) + " --set parallel.sequence_parallel=" + (c.sp ? "true" : "false") +
                       " --set parallel.pipeline.schedule=" + c.schedule + " --set parallel.pipeline.virtual_stages=" +
                       std::to_string(c.v) + (*c.layers ? std::string(" --set parallel.pipeline.layers=") + c.layers : "") +
-                      " --set train.recompute=" + c.recompute +
+                      " --set train.recompute=" + c.recompute + " --set model.moe.every=" + std::to_string(c.moe_every) +
                       " --set train.out_dir=" + (dir / "out").string());
     ASSERT_EQ(r.rc, 0) << r.err;
     const auto by_rank = nlohmann::json::parse(r.out)["peak_bytes_by_rank"];
@@ -139,7 +150,7 @@ TEST(EngineMemory, PredictsEveryPipelineStagesPeakBytesUnderEachSchedule) {
                  : schedule == "zb-h1" ? plan::Schedule::ZeroBubble
                                        : plan::Schedule::Interleaved;
     auto model = spec::preset(c.preset);
-    model.n_layers = 4;
+    model.n_layers = 4, model.moe.every = c.moe_every;
     // Every stage, by its first rank (the mesh is (pp, dp, cp, tp), tp fastest).
     for (int stage = 0; stage < c.pp; ++stage) {
       const auto predicted = plan::loom_engine_memory(model, l, seq, numerics(c.precision),

@@ -52,6 +52,7 @@ struct RankPart {
 // The widths of rank 0's tensor-parallel shard at micro-batch [B, T].
 struct Widths {
   double N, C, D, H, KV, F, V, QKV, HPRE, R;
+  double E = 0, K = 0, Fe = 0, Fs = 0;  // mixture of experts: experts, top_k, expert and shared widths
   Widths(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp, bool sp) {
     N = static_cast<double>(B * T), C = static_cast<double>(c.d_model), D = static_cast<double>(c.head_dim());
     H = static_cast<double>(c.n_heads / tp);
@@ -66,28 +67,60 @@ struct Widths {
     QKV = (H + 2.0 * KV) * D;
     HPRE = llama ? 2 * F : F;
     R = sp ? N / tp : N;  // residual-stream rows on this rank
+    if (c.moe.enabled()) {
+      E = static_cast<double>(c.moe.experts), K = static_cast<double>(c.moe.top_k);
+      Fe = static_cast<double>(c.expert_width()), Fs = static_cast<double>(c.moe.shared_experts) * Fe;
+    }
   }
 };
 
+// How many of a chunk's blocks (first .. first + blocks) are mixture-of-experts blocks.
+int64_t moe_blocks_in(const spec::TransformerConfig& c, int64_t first, int64_t blocks) {
+  int64_t n = 0;
+  for (int64_t l = first; l < first + blocks; ++l) n += c.is_moe_layer(l);
+  return n;
+}
+
+// What a mixture-of-experts block saves (model::make_moe_activations, for all N k pairs), and the
+// backward scratch a context holds when its chunk has one (model::make_moe_scratch).
+double moe_block_bytes(const Widths& w, bool bf16) {
+  const double N = w.N, M = w.N * w.K, lp = bf16 ? 2 : 0;
+  return 4 * N * w.E + 4 * N * w.K * 3 + 4 * M  // scores; expert, weight, row; token_of_row
+         + (bf16 ? 2 : 4) * M * w.C                 // the experts' inputs in GEMM precision
+         + 4 * M * 3 * w.Fe + lp * M * w.Fe         // h_pre (gate|up), h_act (and its bf16 copy)
+         + 4 * M * w.C                              // outputs
+         + (w.Fs > 0 ? 4 * N * 3 * w.Fs + lp * N * w.Fs : 0);  // the shared experts' pre, act (bf16 copy)
+}
+double moe_scratch_bytes(const Widths& w) {
+  const double N = w.N, M = w.N * w.K;
+  return 4 * (2 * M * w.C + 3 * M * w.Fe + N * w.K + N * w.E + 3 * N * w.Fs);
+}
+
 // One activation context as model::Transformer::make_context allocates it for a chunk of `blocks`
-// blocks (with the head or not).
-double context_bytes(const Widths& w, int64_t blocks, bool head, bool sp, bool bf16, bool split_backward,
+// blocks, `moe` of them mixture-of-experts blocks (with the head or not).
+double context_bytes(const Widths& w, int64_t blocks, int64_t moe, bool head, bool sp, bool bf16, bool split_backward,
                      Recompute recompute) {
   const double N = w.N, C = w.C, H = w.H, D = w.D, F = w.F, R = w.R;
   const double lp = bf16 ? 2 : 0;        // bf16 copies of GEMM inputs
   const double norm_out = bf16 ? 0 : 4;  // f32 norm / activation outputs (bf16: one scratch)
   const double core = 4 * N * (H + H * D) + lp * N * H * D;  // the attention core's lse, att (and att_lp)
-  const double layer = 4 * R * (2 + C + 2) + 4 * N * (w.QKV + w.HPRE)  // norm stats, x_mid; qkv, h_pre
-                       + norm_out * (2 * R * C + N * F)                // n1_out, n2_out, h_act
-                       + lp * (2 * R * C + N * F)                      // n1_lp, n2_lp, h_act_lp
-                       + core;
+  const double dense_mlp = 4 * N * w.HPRE + (norm_out + lp) * N * F;  // h_pre, h_act (and h_act_lp)
+  // A mixture-of-experts block keeps its experts' tensors instead, and norm2's f32 output in bf16 too.
+  const double moe_mlp = moe_block_bytes(w, bf16) + (bf16 ? 4 * R * C : 0);
+  const double attention = 4 * R * (2 + C + 2) + 4 * N * w.QKV  // norm stats, x_mid; qkv
+                           + norm_out * 2 * R * C                // n1_out, n2_out
+                           + lp * 2 * R * C                      // n1_lp, n2_lp
+                           + core;
+  const double dense_n = static_cast<double>(blocks - moe), moe_n = static_cast<double>(moe);
   // A split (zero-bubble) backward keeps each block's four linear output gradients until its weight pass.
   const double split = split_backward ? 4 * (2 * R * C + N * (w.HPRE + w.QKV)) : 0;
   const double n = static_cast<double>(blocks);
-  // Recompute: what the blocks do not keep is one set the chunk's blocks share (model::Transformer).
-  double total = n * (layer + split);
-  if (blocks > 0 && recompute == Recompute::Selective) total = n * (layer - core) + core;
-  if (blocks > 0 && recompute == Recompute::Full) total = layer + 4 * R * C;  // one block, and its output
+  // Recompute: what the blocks do not keep is one set the chunk's blocks share (model::Transformer); under
+  // full recompute that set holds a dense and an MoE MLP's tensors when the chunk has both kinds.
+  double total = n * (attention + split) + dense_n * dense_mlp + moe_n * moe_mlp;
+  if (blocks > 0 && recompute == Recompute::Selective) total -= n * core - core;
+  if (blocks > 0 && recompute == Recompute::Full)
+    total = attention + (dense_n > 0 ? dense_mlp : 0) + (moe_n > 0 ? moe_mlp : 0) + 4 * R * C;  // and its output
   total += 4 * R * C * static_cast<double>(blocks + 1);  // residual stream, the chunk's input to its output
   if (bf16) total += 4 * std::max(R * C, N * F);         // the shared f32 scratch
   if (head) {
@@ -95,6 +128,7 @@ double context_bytes(const Widths& w, int64_t blocks, bool head, bool sp, bool b
     total += 4 * N * w.V + 4 * N;                        // logits (dlogits), losses
   }
   total += 4 * (2 * R * C + N * (H * D + w.QKV + F + w.HPRE));  // backward scratch
+  if (moe > 0) total += moe_scratch_bytes(w);
   total += 4 * N * 2;                                           // the context's tokens + targets
   if (sp) total += 4 * 4 * C;                                   // partial norm gradients
   return total;
@@ -246,7 +280,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     return l.cp > 1 ? cp_context_bytes(cfg, w, Tl, embeddings, only ? 2 : 4) : 0;
   };
   if (!stages) {
-    m.activations = context_bytes(w, cfg.n_layers, true, sp, bf16, false, l.recompute) + cp_context(true) +
+    m.activations = context_bytes(w, cfg.n_layers, cfg.moe_layer_count(), true, sp, bf16, false, l.recompute) +
+                    cp_context(true) +
                     rank_activation_bytes(cfg, w, RankPart{cfg.n_layers, true, true}, l.tp, sp, bf16) + cp_rank_bytes;
     return m;
   }
@@ -259,10 +294,13 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   for (int c = 0; c < l.vpp; ++c) {
     const int g = plan.global_chunk(pipeline_rank, c);
     const int64_t blocks = stages->layers[static_cast<size_t>(g)];
+    int64_t first = 0;
+    for (int i = 0; i < g; ++i) first += stages->layers[static_cast<size_t>(i)];
     const bool head = g == stages->chunks() - 1;
     part.blocks += blocks, part.head = part.head || head;
     const int n = std::max(training[static_cast<size_t>(c)], validating[static_cast<size_t>(c)]);
-    m.activations += n * (context_bytes(w, blocks, head, sp, bf16, l.schedule == Schedule::ZeroBubble, l.recompute) +
+    m.activations += n * (context_bytes(w, blocks, moe_blocks_in(cfg, first, blocks), head, sp, bf16,
+                                        l.schedule == Schedule::ZeroBubble, l.recompute) +
                           cp_context(g == 0));
   }
   m.activations += rank_activation_bytes(cfg, w, part, l.tp, sp, bf16) + cp_rank_bytes;
