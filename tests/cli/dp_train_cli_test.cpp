@@ -384,7 +384,7 @@ TEST(DataParallelCli, LayoutsThatDoNotFitAreRefusedBeforeAnyWork) {
   EXPECT_THAT(r.err, HasSubstr("parallel.cp = 3 cuts each sample into 2 x cp = 6"));
   r = run_loom("run -n 2 -- loom train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.ep=2");
   EXPECT_NE(r.rc, 0);
-  EXPECT_THAT(r.err, HasSubstr("tp=1 pp=1 cp=1 ep=2 is not supported yet"));
+  EXPECT_THAT(r.err, HasSubstr("parallel.ep = 2 needs a mixture-of-experts model"));
   r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.zero=4");
   EXPECT_THAT(r.err, HasSubstr("parallel.zero = 4 is out of range: it must be in [0, 3]"));
   r = run_loom("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set parallel.zero_release=soon");

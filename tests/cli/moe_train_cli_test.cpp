@@ -1,5 +1,6 @@
 // Mixture of experts end to end (issue 19): `[model.moe]` models train from the CLI and reproduce the
-// single-rank loss under data parallelism (DDP and ZeRO), pipeline parallelism and recompute, in both
+// single-rank loss under data parallelism (DDP and ZeRO), expert parallelism (alone, with more replicas
+// than ep, with pp), pipeline parallelism and recompute, in both
 // router styles, both architectures and both precisions; each block's load reaches metrics.jsonl and the
 // trace; the auxiliary-loss-free selection bias is a weight like any other (it moves, it resumes
 // bitwise, it exports); checkpoints export under Mixtral's names and import back; generation runs from
@@ -7,8 +8,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -44,10 +47,10 @@ TEST(MoeCli, VerifyPassesAcrossDataPipelineZeroAndRecomputeLayouts) {
     auto r = run_loom("verify " + kTiny + "--steps 6 " + m.sets + " --set precision=" + m.precision +
                       " --set train.batch_size=8 --set train.micro_batch_size=2 "
                       "--layouts \"dp=1;dp=2;dp=2,zero=3;dp=4,zero=2;pp=2;pp=2,dp=2,zero=1;dp=2,recompute=full;"
-                      "recompute=selective\"");
+                      "recompute=selective;dp=2,ep=2;dp=4,ep=4;dp=4,ep=2,recompute=full;pp=2,dp=2,ep=2\"");
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
-    EXPECT_EQ(count(r.out, "PASS"), 7) << r.out;
+    EXPECT_EQ(count(r.out, "PASS"), 11) << r.out;
   }
 }
 
@@ -172,6 +175,57 @@ TEST(MoeCli, ExportsMixtralNamesImportsThemBackAndGenerates) {
   fs::remove_all(dir);
 }
 
+// Issue 19 item 4: a checkpoint saved at dp 4 x ep 2 (each expert written by the first ep group) resumes
+// alone and at ep 4, continuing the single-rank curve.
+TEST(MoeCli, ExpertParallelRunsSplitTheExpertsAndResumeAtAnyEp) {
+  const std::string sets = "--set model.preset=tiny-moe --set train.eval_every=0 --set train.micro_batch_size=2";
+  auto whole = train_tiny("ep-whole", 1, sets + " --set train.steps=8");
+  auto half = train_tiny("ep-half", 4, sets + " --set train.steps=4 --set parallel.dp=4 --set parallel.ep=2 --save-every 4");
+  const auto want = losses(whole / "out");
+  for (int ep : {1, 4}) {
+    SCOPED_TRACE("resumed at ep=" + std::to_string(ep));
+    auto dir = scratch_dir("ep-r");
+    fs::copy(half / "ck", dir / "ck", fs::copy_options::recursive);
+    auto r = run_loom("run -n " + std::to_string(ep) + " -- loom train " + kTiny + "--quiet " + sets +
+                      " --set train.steps=8 --set parallel.dp=" + std::to_string(ep) + " --set parallel.ep=" +
+                      std::to_string(ep) + " --set train.out_dir=" + (dir / "out").string() + " --save-dir " +
+                      (dir / "ck").string() + " --resume");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto got = losses(dir / "out");
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
+    fs::remove_all(dir);
+  }
+  fs::remove_all(whole), fs::remove_all(half);
+}
+
+// Issue 19 item 2: at ep = 2 a rank holds half the experts, so less parameter memory than ep = 1 at
+// the same dp, and the exchange appears in the trace.
+TEST(MoeCli, EachExpertParallelRankHoldsItsExpertsAndExchangesRows) {
+  auto bytes = [](int ep, const fs::path& trace) {
+    auto dir = scratch_dir("ep-mem");
+    auto r = run_loom("run -n 2 -- loom train " + kTiny + "--quiet --json --set model.preset=tiny-moe --set train.steps=2 "
+                      "--set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.dp=2 --set parallel.ep=" +
+                      std::to_string(ep) + " --set train.out_dir=" + (dir / "out").string() +
+                      (trace.empty() ? std::string() : " --trace " + trace.string()));
+    EXPECT_EQ(r.rc, 0) << r.err;
+    fs::remove_all(dir);
+    return nlohmann::json::parse(r.out)["peak_bytes_by_category"]["parameters"].get<double>();
+  };
+  auto dir = scratch_dir("ep-x");
+  const double one = bytes(1, {}), two = bytes(2, dir / "t.json");
+  // tiny-moe: 2 blocks x 4 experts x 3 x 128 x 64 f32 weights, half of them held at ep = 2.
+  EXPECT_DOUBLE_EQ(one - two, 2.0 * 2 * 3 * 128 * 64 * 4);
+  std::ifstream f(dir / "t.json");
+  const auto trace = nlohmann::json::parse(f);
+  std::map<std::string, int> spans;
+  for (const auto& e : trace["traceEvents"])
+    if (e.contains("name")) ++spans[e["name"].get<std::string>()];
+  for (const char* name : {"ep_counts_all_gather", "ep_dispatch", "ep_combine", "ep_dispatch_grad", "ep_combine_grad"})
+    EXPECT_GT(spans[name], 0) << name;
+  fs::remove_all(dir);
+}
+
 // Issue 19 item 5 and the brief: one line naming the key and the fix, before any rank starts work.
 TEST(MoeCli, WhatTheBlockCannotRunIsRefusedInOneLine) {
   auto r = run_loom("train " + kTiny + "--set model.preset=tiny-moe --set model.moe.top_k=5");
@@ -196,6 +250,21 @@ TEST(MoeCli, WhatTheBlockCannotRunIsRefusedInOneLine) {
                "--set parallel.pipeline.schedule=zb-h1");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("zb-h1"));
+  // Expert parallelism: experts ep does not divide, ep not dividing dp, a dense model, ZeRO.
+  r = run_loom("run -n 3 -- loom train " + kTiny + "--set model.preset=tiny-moe --set parallel.dp=3 --set parallel.ep=3");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("parallel.ep = 3 does not divide model.moe.experts = 4"));
+  EXPECT_THAT(r.err, HasSubstr("valid ep here: 1"));
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set model.preset=tiny-moe --set parallel.dp=2 --set parallel.ep=4");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("parallel.ep = 4 must divide parallel.dp = 2"));
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.dp=2 --set parallel.ep=2");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("needs a mixture-of-experts model"));
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set model.preset=tiny-moe --set parallel.dp=2 --set parallel.ep=2 "
+               "--set parallel.zero=1");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("parallel.zero = 0"));
 }
 
 }  // namespace

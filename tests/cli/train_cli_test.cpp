@@ -86,7 +86,7 @@ TEST(TrainCli, BadInputIsOneClearLineAndANonZeroExit) {
            {"train --set model.preset=tiny --set model.n_heads=5", "not divisible by model.n_heads"},
            {"train --set model.preset=tiny-llama --set model.n_kv_heads=3", "must divide model.n_heads"},
            {"train --set parallel.dp=4", "needs 4 ranks but the job has 1"},
-           {"train --set parallel.ep=2", "not supported yet"},
+           {"train --set parallel.ep=2", "needs a mixture-of-experts model"},
            {"train --set parallel.cp=2 --set parallel.cp_mode=zigzag", "is not a context-parallel mode"},
            {"train --set precision=fp4", "precision = 'fp4' is not supported"},
            {"train --set train.steps=abc", "train.steps must be an integer"},

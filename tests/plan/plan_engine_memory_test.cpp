@@ -54,6 +54,9 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       {"tiny-moe", "fp32", 1, 0, 8, 4, 1, false,
        " --set model.moe.shared_experts=1 --set model.moe.every=2 --set train.recompute=selective"},
       {"tiny-moe", "bf16-pure", 2, 1, 8, 2, 1, false, " --set model.moe.shared_experts=1 --set model.moe.every=2"},
+      // expert parallelism: each rank holds experts / ep, and the expert side rows for ep x its own
+      {"tiny-moe", "fp32", 2, 0, 8, 2, 1, false, " --set parallel.ep=2"},
+      {"tiny-moe", "bf16", 4, 0, 8, 2, 1, false, " --set parallel.ep=2 --set train.recompute=full"},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");
@@ -75,6 +78,7 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
     if (std::string(c.extra).find("n_kv_heads=1") != std::string::npos) model.n_kv_heads = 1;
     if (std::string(c.extra).find("n_kv_heads=2") != std::string::npos) model.n_kv_heads = 2;
     if (std::string(c.extra).find("moe.shared_experts=1") != std::string::npos) model.moe.shared_experts = 1;
+    if (std::string(c.extra).find("parallel.ep=2") != std::string::npos) l.ep = 2;
     if (std::string(c.extra).find("moe.every=2") != std::string::npos) model.moe.every = 2;
     if (std::string(c.extra).find("recompute=full") != std::string::npos) l.recompute = plan::Recompute::Full;
     if (std::string(c.extra).find("recompute=selective") != std::string::npos) l.recompute = plan::Recompute::Selective;

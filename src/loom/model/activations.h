@@ -19,16 +19,27 @@ struct MoeActivations {
   std::vector<int64_t> routed;   // [E] pairs routed to each expert before capacity (the aux loss's counts)
   std::vector<int64_t> offsets;  // [E + 1] each expert's rows
   Tensor x;                      // [N k, C] the experts' inputs in expert order (GEMM precision)
-  Tensor h_pre;                  // [N k, 2 Fe] gate|up
-  Tensor h_act, h_act_lp;        // [N k, Fe]
   Tensor y;                      // [N k, C] the experts' outputs, unweighted
+  // Expert side: the rows this rank's experts run (its own under ep = 1; under expert parallelism the
+  // rows every ep rank sent them, at most ep N k), expert after expert.
+  Tensor xe;                     // [rows, C] their inputs (x itself at ep = 1)
+  Tensor h_pre;                  // [rows, 2 Fe] gate|up
+  Tensor h_act, h_act_lp;        // [rows, Fe]
+  // Expert parallelism: every ep rank's per-expert row counts [ep x E], the rows sent to / received from
+  // each ep rank, this rank's experts' rows (offsets over its experts), and the order between rows as
+  // received (by source rank) and as run (by expert): received row perm[q] is run as row q, inv its inverse.
+  std::vector<int64_t> counts_all, send_rows, recv_rows, local_offsets;
+  std::vector<int32_t> perm, inv;
   Tensor shared_pre, shared_act, shared_act_lp;  // the shared experts: [N, 2 Fs], [N, Fs] (undefined: none)
 };
 
 // The backward scratch of a mixture-of-experts MLP, shared by all blocks.
 struct MoeScratch {
   Tensor dy, dx;             // [N k, C] in expert order
-  Tensor d_act, d_pre;       // [N k, Fe], [N k, 2 Fe]
+  Tensor d_act, d_pre;       // [rows, Fe], [rows, 2 Fe] (expert side)
+  // Expert parallelism: rows as received from the ep ranks (inputs in GEMM precision; f32 outputs and
+  // gradients) and as run by expert, [ep N k, C] each.
+  Tensor recv_lp, recv, by_expert;
   Tensor dweight, dlogits;   // [N, k], [N, E]
   Tensor shared_d_act, shared_d_pre;  // [N, Fs], [N, 2 Fs]
 };

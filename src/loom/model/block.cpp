@@ -43,7 +43,8 @@ ModelWeights bind_weights(const spec::TransformerConfig& cfg, const ParameterSto
     MoeWeights m;
     m.router = {P.param(prefix + "gate.weight"), P.grad(prefix + "gate.weight"), {}, {}};
     if (cfg.moe.bias_update_rate > 0) m.score_bias = P.param(prefix + "gate.e_score_correction_bias");
-    for (int64_t e = 0; e < cfg.moe.experts; ++e) {
+    const auto [first, last] = spec::local_experts(cfg, P.table().shard());
+    for (int64_t e = first; e < last; ++e) {
       const std::string x = prefix + "experts." + std::to_string(e) + ".";
       const LinearViews gate_up = fused(x + "w1.weight", x + "w3.weight"), down = linear(x + "w2.weight", "");
       m.gate_up.push_back(gate_up.w), m.gate_up_grad.push_back(gate_up.dw);
@@ -157,7 +158,7 @@ void BlockRunner::norm_backward(const NormViews& n, const Tensor& dx, const Tens
 }
 
 void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-                          AttentionStep& attention, int64_t layer, MoeLoad* moe_load) {
+                          AttentionStep& attention, int64_t layer, MoeLoad* moe_load, MoeScratch* moe_scratch) {
   const BlockWeights w = gemm_weights(layer, weights);
   // attention sub-layer: x_mid = x_in + out_proj(attention(qkv(norm1(x_in)))); qkv column-parallel
   // (this rank's heads), out_proj row-parallel.
@@ -174,7 +175,7 @@ void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, cons
   if (w.moe.defined()) {
     // Mixture of experts: x_out = x_mid + moe(norm2(x_mid)).
     x_out.copy_from(a.x_mid);
-    moe_.forward(w.moe, a.moe, a.n2_lp, a.n2_out, x_out, moe_load);
+    moe_.forward(w.moe, a.moe, a.n2_lp, a.n2_out, x_out, moe_load, moe_scratch);
     return;
   }
   ops_.column_forward(a.h_pre, a.n2_lp, w.up);

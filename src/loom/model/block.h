@@ -70,7 +70,8 @@ class BlockRunner {
   // `layer`: the block's global index (which fp8 scaling state its GEMM inputs use). A mixture-of-
   // experts block adds its routing to `moe_load` (nullptr: not counted).
   void forward(const BlockWeights& w, BlockActivations& a, const Tensor& x_in, const Tensor& x_out,
-               AttentionStep& attention, int64_t layer = -1, MoeLoad* moe_load = nullptr);
+               AttentionStep& attention, int64_t layer = -1, MoeLoad* moe_load = nullptr,
+               MoeScratch* moe_scratch = nullptr);
   void norm_forward(const NormViews& n, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x);
   void norm_backward(const NormViews& n, const Tensor& dx, const Tensor& dout, const Tensor& x, const Tensor& mean,
                      const Tensor& rstd);
@@ -84,6 +85,7 @@ class BlockRunner {
   // The weights block `layer`'s GEMMs read: quantised under fp8, else `w` itself.
   BlockWeights gemm_weights(int64_t layer, const BlockWeights& w) const;
   MoeLayer& moe() { return moe_; }
+  const MoeLayer& moe() const { return moe_; }
 
  private:
   const spec::TransformerConfig& cfg_;

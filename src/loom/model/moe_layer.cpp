@@ -1,8 +1,10 @@
 #include "loom/model/moe_layer.h"
 
 #include <cmath>
+#include <vector>
 
 #include "loom/core/bf16.h"
+#include "loom/error.h"
 #include "loom/kernels/moe_routing.h"
 #include "loom/profile/tracer.h"
 
@@ -14,9 +16,9 @@ void MoeLoad::add(const MoeLoad& o) {
   dropped += o.dropped, pairs += o.pairs, aux_loss += o.aux_loss, micro_batches += o.micro_batches;
 }
 
-MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc) {
+MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, int ep) {
   const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
-  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k;
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * ep;
   auto make = [&](Shape s, DType d) { return Tensor::empty(s, d, alloc, MemCategory::Activations); };
   auto f32 = [&](Shape s) { return make(s, DType::F32); };
   const DType gemm = lowp ? DType::BF16 : DType::F32;
@@ -25,8 +27,9 @@ MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t 
   a.expert = make({N, k}, DType::I32), a.weight = f32({N, k}), a.row = make({N, k}, DType::I32);
   a.token_of_row = make({M}, DType::I32);
   a.x = make({M, C}, gemm);
-  a.h_pre = f32({M, 2 * Fe}), a.h_act = f32({M, Fe}), a.h_act_lp = lowp ? make({M, Fe}, gemm) : a.h_act;
   a.y = f32({M, C});
+  a.xe = ep > 1 ? make({Mx, C}, gemm) : a.x;
+  a.h_pre = f32({Mx, 2 * Fe}), a.h_act = f32({Mx, Fe}), a.h_act_lp = lowp ? make({Mx, Fe}, gemm) : a.h_act;
   if (Fs > 0) {
     a.shared_pre = f32({N, 2 * Fs}), a.shared_act = f32({N, Fs});
     a.shared_act_lp = lowp ? make({N, Fs}, gemm) : a.shared_act;
@@ -34,12 +37,16 @@ MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t 
   return a;
 }
 
-MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, Allocator& alloc) {
+MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, int ep) {
   const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
-  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k;
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * ep;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, MemCategory::Activations); };
   MoeScratch s;
-  s.dy = f32({M, C}), s.dx = f32({M, C}), s.d_act = f32({M, Fe}), s.d_pre = f32({M, 2 * Fe});
+  s.dy = f32({M, C}), s.dx = f32({M, C}), s.d_act = f32({Mx, Fe}), s.d_pre = f32({Mx, 2 * Fe});
+  if (ep > 1) {
+    s.recv_lp = lowp ? Tensor::empty({Mx, C}, DType::BF16, alloc, MemCategory::Activations) : f32({Mx, C});
+    s.recv = f32({Mx, C}), s.by_expert = f32({Mx, C});
+  }
   s.dweight = f32({N, k}), s.dlogits = f32({N, E});
   if (Fs > 0) s.shared_d_act = f32({N, Fs}), s.shared_d_pre = f32({N, 2 * Fs});
   return s;
@@ -48,8 +55,61 @@ MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, Alloc
 MoeLayer::MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend, bool lowp)
     : cfg_(cfg), be_(backend), lowp_(lowp) {}
 
+void MoeLayer::run_experts(const MoeWeights& w, MoeActivations& a, const std::vector<int64_t>& offsets,
+                           const Tensor& y) {
+  // Every expert's rows in one grouped GEMM per projection (an expert no row reached runs nothing).
+  const int64_t R = offsets.back();
+  if (R == 0) return;
+  be_.grouped_linear_forward(a.h_pre, a.xe, w.gate_up, offsets);
+  be_.swiglu_forward(a.h_act.slice(0, R), a.h_pre.slice(0, R));
+  if (lowp_) be_.cast(a.h_act_lp.slice(0, R), a.h_act.slice(0, R));
+  be_.grouped_linear_forward(y, a.h_act_lp, w.down, offsets);
+}
+
+void MoeLayer::experts_backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s,
+                                const std::vector<int64_t>& offsets, const Tensor& dy, const Tensor& dx) {
+  const int64_t R = offsets.back();
+  if (R == 0) return;
+  be_.grouped_linear_backward(s.d_act, w.down_grad, dy, a.h_act_lp, w.down, offsets);
+  be_.swiglu_backward(s.d_pre.slice(0, R), a.h_pre.slice(0, R), s.d_act.slice(0, R));
+  be_.grouped_linear_backward(dx, w.gate_up_grad, s.d_pre, a.xe, w.gate_up, offsets);
+}
+
+void MoeLayer::plan_exchange(MoeActivations& a) const {
+  const int64_t E = cfg_.moe.experts, P = exchange_->size(), r = exchange_->rank(), El = E / P;
+  std::vector<int64_t> mine(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) mine[static_cast<size_t>(e)] = a.offsets[static_cast<size_t>(e) + 1] - a.offsets[static_cast<size_t>(e)];
+  a.counts_all.assign(static_cast<size_t>(P * E), 0);
+  exchange_->gather_counts(mine, a.counts_all);
+  auto count = [&](int64_t src, int64_t e_local) { return a.counts_all[static_cast<size_t>(src * E + r * El + e_local)]; };
+  // Rank j's experts' rows are consecutive in expert order: they leave as one block.
+  a.send_rows.assign(static_cast<size_t>(P), 0), a.recv_rows.assign(static_cast<size_t>(P), 0);
+  for (int64_t j = 0; j < P; ++j)
+    a.send_rows[static_cast<size_t>(j)] = a.offsets[static_cast<size_t>((j + 1) * El)] - a.offsets[static_cast<size_t>(j * El)];
+  for (int64_t i = 0; i < P; ++i)
+    for (int64_t e = 0; e < El; ++e) a.recv_rows[static_cast<size_t>(i)] += count(i, e);
+  // Received: source after source, each by expert. Run: expert after expert, each by source.
+  a.local_offsets.assign(static_cast<size_t>(El) + 1, 0);
+  for (int64_t e = 0; e < El; ++e) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < P; ++i) n += count(i, e);
+    a.local_offsets[static_cast<size_t>(e) + 1] = a.local_offsets[static_cast<size_t>(e)] + n;
+  }
+  const int64_t R = a.local_offsets.back();
+  a.perm.assign(static_cast<size_t>(R), 0), a.inv.assign(static_cast<size_t>(R), 0);
+  std::vector<int64_t> next(a.local_offsets.begin(), a.local_offsets.end() - 1);
+  int64_t p = 0;
+  for (int64_t i = 0; i < P; ++i)
+    for (int64_t e = 0; e < El; ++e)
+      for (int64_t n = count(i, e); n > 0; --n, ++p) {
+        const int64_t q = next[static_cast<size_t>(e)]++;
+        a.perm[static_cast<size_t>(q)] = static_cast<int32_t>(p);
+        a.inv[static_cast<size_t>(p)] = static_cast<int32_t>(q);
+      }
+}
+
 void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, const Tensor& x_f32, const Tensor& out,
-                       MoeLoad* load) {
+                       MoeLoad* load, MoeScratch* s) {
   const auto& m = cfg_.moe;
   const int64_t N = x.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k;
   const Tensor scores = a.scores.slice(0, N);
@@ -87,12 +147,20 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, 
     kernels::moe_gather_rows(a.x.raw(), x.raw(), a.token_of_row.data<int32_t>(), M,
                              C * static_cast<int64_t>(dtype_size(x.dtype())));
   }
-  // Every expert's rows in one grouped GEMM per projection (an expert no token chose runs nothing).
-  if (M > 0) {
-    be_.grouped_linear_forward(a.h_pre, a.x, w.gate_up, a.offsets);
-    be_.swiglu_forward(a.h_act.slice(0, M), a.h_pre.slice(0, M));
-    if (lowp_) be_.cast(a.h_act_lp.slice(0, M), a.h_act.slice(0, M));
-    be_.grouped_linear_forward(a.y, a.h_act_lp, w.down, a.offsets);
+  if (ep() == 1) {
+    run_experts(w, a, a.offsets, a.y);
+  } else {
+    // Rows go to their expert's rank, run there expert by expert, and come back in the order they left.
+    if (!s) throw Error("internal: expert parallelism needs the context's MoE scratch in forward");
+    plan_exchange(a);
+    const int64_t R = a.local_offsets.back();
+    exchange_->exchange_rows(a.x.raw(), a.send_rows, s->recv_lp.raw(), a.recv_rows,
+                             C * static_cast<int64_t>(dtype_size(a.x.dtype())), "ep_dispatch");
+    kernels::moe_gather_rows(a.xe.raw(), s->recv_lp.raw(), a.perm.data(), R,
+                             C * static_cast<int64_t>(dtype_size(a.x.dtype())));
+    run_experts(w, a, a.local_offsets, s->by_expert);
+    kernels::moe_gather_rows(s->recv.raw(), s->by_expert.raw(), a.inv.data(), R, C * 4);
+    exchange_->exchange_rows(s->recv.raw(), a.recv_rows, a.y.raw(), a.send_rows, C * 4, "ep_combine");
   }
   {
     profile::Span span(be_.tracer(), "moe_combine", profile::Category::Kernel);
@@ -125,11 +193,18 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
     kernels::moe_combine_backward(s.dy.data<float>(), s.dweight.data<float>(), dout.data<float>(), a.y.data<float>(),
                                   a.row.data<int32_t>(), a.weight.data<float>(), N, k, C);
   }
-  if (M > 0) {
-    be_.grouped_linear_backward(s.d_act, w.down_grad, s.dy, a.h_act_lp, w.down, a.offsets);
-    be_.swiglu_backward(s.d_pre.slice(0, M), a.h_pre.slice(0, M), s.d_act.slice(0, M));
-    be_.grouped_linear_backward(s.dx, w.gate_up_grad, s.d_pre, a.x, w.gate_up, a.offsets);
+  if (ep() == 1) {
+    experts_backward(w, a, s, a.offsets, s.dy, s.dx);
+  } else {
+    // The output gradients travel as the rows did; the input gradients come back.
+    const int64_t R = a.local_offsets.back();
+    exchange_->exchange_rows(s.dy.raw(), a.send_rows, s.recv.raw(), a.recv_rows, C * 4, "ep_dispatch_grad");
+    kernels::moe_gather_rows(s.by_expert.raw(), s.recv.raw(), a.perm.data(), R, C * 4);
+    experts_backward(w, a, s, a.local_offsets, s.by_expert, s.recv);  // dx by expert into recv
+    kernels::moe_gather_rows(s.by_expert.raw(), s.recv.raw(), a.inv.data(), R, C * 4);
+    exchange_->exchange_rows(s.by_expert.raw(), a.recv_rows, s.dx.raw(), a.send_rows, C * 4, "ep_combine_grad");
   }
+  (void)M;
   {
     profile::Span span(be_.tracer(), "moe_route_backward", profile::Category::Kernel);
     kernels::moe_scatter_add_rows(dx.data<float>(), s.dx.data<float>(), a.row.data<int32_t>(), N, k, C);

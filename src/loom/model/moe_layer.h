@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/kernels/backend.h"
+#include "loom/kernels/expert_exchange.h"
 #include "loom/kernels/layer_ops.h"
 #include "loom/model/activations.h"
 #include "loom/spec/transformer_config.h"
@@ -32,14 +33,19 @@ struct MoeLoad {
   void add(const MoeLoad& o);
 };
 
-// The saved tensors of one MoE MLP over N tokens (expert-order buffers sized for all N k pairs), and
-// the backward scratch.
-MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc);
-MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, Allocator& alloc);
+// The saved tensors of one MoE MLP over N tokens (expert-order buffers sized for all N k pairs; the
+// expert side for ep x N k rows under expert parallelism over `ep` ranks), and the backward scratch.
+MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc,
+                                    int ep = 1);
+MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, int ep = 1);
 
 class MoeLayer {
  public:
   MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend, bool lowp);
+  // Where the experts live (nullptr: all here). Under expert parallelism this rank's weights hold its
+  // experts only (spec::local_experts). Not owned.
+  void set_exchange(kernels::ExpertExchange* exchange) { exchange_ = exchange; }
+  int ep() const { return exchange_ ? exchange_->size() : 1; }
   // Whether model.moe.capacity_factor drops tokens (training and evaluation), or every pair is kept
   // (generation: a prompt's routing must not depend on how many tokens are fed at once).
   void set_capacity(bool on) { capacity_ = on; }
@@ -47,18 +53,28 @@ class MoeLayer {
   // out [N, C] += moe(x); x [N, C] is the normed input in GEMM precision, x_f32 the same in f32 (the
   // router's input: it runs in f32 unless its weight is bf16, under bf16-pure). `load`
   // (nullptr: not counted) gains this call's routing.
+  // `s`: the context's MoE scratch, which expert parallelism also uses in forward (nullptr at ep = 1).
   void forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, const Tensor& x_f32, const Tensor& out,
-               MoeLoad* load);
+               MoeLoad* load, MoeScratch* s = nullptr);
   // dx [N, C] = d(loss)/d(x) (written) from dout = d(loss)/d(out); the weights' gradients accumulate.
   // aux_scale: the load-balancing loss's weight in the loss.
   void backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const Tensor& dout, const Tensor& dx,
                 const Tensor& x, const Tensor& x_f32, double aux_scale);
 
  private:
+  // This rank's experts on their rows (xe, `offsets` over its experts) into y, and back: dx from dy.
+  void run_experts(const MoeWeights& w, MoeActivations& a, const std::vector<int64_t>& offsets, const Tensor& y);
+  void experts_backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const std::vector<int64_t>& offsets,
+                        const Tensor& dy, const Tensor& dx);
+  // Expert parallelism: exchanges the per-expert counts and works out a's row plan (rows to and from
+  // each ep rank, the local experts' offsets, the received <-> by-expert orders).
+  void plan_exchange(MoeActivations& a) const;
+
   const spec::TransformerConfig& cfg_;
   kernels::Backend& be_;
   bool lowp_;
   bool capacity_ = true;
+  kernels::ExpertExchange* exchange_ = nullptr;
 };
 
 }  // namespace loom::model

@@ -53,7 +53,8 @@ void gather_rows(const Tensor& dst, const Tensor& src, const std::vector<int32_t
 }  // namespace
 
 Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
-                         kernels::LayerOps* ops, spec::Recompute recompute, kernels::AttentionOps* attention)
+                         kernels::LayerOps* ops, spec::Recompute recompute, kernels::AttentionOps* attention,
+                         kernels::ExpertExchange* experts)
     : cfg_(std::move(cfg)),
       params_(params),
       own_ops_(ops ? nullptr : std::make_unique<kernels::LayerOps>(backend)),
@@ -71,6 +72,10 @@ Transformer::Transformer(spec::TransformerConfig cfg, ParameterStore& params, ke
     throw Error("internal: the parameter table is tp rank " + std::to_string(shard.tp_rank) + " of " +
                 std::to_string(shard.tp_size) + " but the layer ops are rank " + std::to_string(ops_->rank()) + " of " +
                 std::to_string(ops_->size()));
+  if (experts && experts->size() != params_.table().shard().ep_size)
+    throw Error("internal: the parameter table splits the experts over " + std::to_string(params_.table().shard().ep_size) +
+                " ranks but the expert exchange has " + std::to_string(experts->size()));
+  runner_.moe().set_exchange(experts && experts->size() > 1 ? experts : nullptr);
   local_ = local_widths(cfg_, params_.table());
   w_ = bind_weights(cfg_, params_, local_);
   if (llama_) rope_ = make_rope_tables(cfg_, backend_.allocator());
@@ -162,7 +167,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
     a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = moe_mlp ? f32({R, C}) : f32_or_scratch({R, C});
     a.n2_lp = lp(a.n2_out);
     if (dense_mlp) a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
-    if (moe_mlp) a.moe = make_moe_activations(cfg_, N, lowp_, alloc);
+    if (moe_mlp) a.moe = make_moe_activations(cfg_, N, lowp_, alloc, runner_.moe().ep());
   };
   c.blocks.resize(static_cast<size_t>(L));
   if (ch.last > ch.first) {
@@ -192,7 +197,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   if (runner_.fp8() && ch.last > ch.first) c.fp8_dy = f32({std::max({R * C, N * HPRE, N * QKV})});
   if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
-  if (chunk_moe) c.moe = make_moe_scratch(cfg_, N, alloc);
+  if (chunk_moe) c.moe = make_moe_scratch(cfg_, N, lowp_, alloc, runner_.moe().ep());
   if (split_backward) {
     c.split.resize(static_cast<size_t>(L));
     for (int64_t l = ch.first; l < ch.last; ++l)
@@ -266,7 +271,7 @@ void Transformer::recompute_block(int64_t l, ActivationContext& c, const kernels
   if (c.recompute == spec::Recompute::Full) {
     WholeSequence attention(backend_, *attention_, rope_of(c, rope_), llama_, s);
     runner_.forward(w_.blocks[static_cast<size_t>(l)], a, c.residual[static_cast<size_t>(l)], c.recompute_out,
-                    attention, l);
+                    attention, l, nullptr, &c.moe);
   } else {
     // qkv was saved after the rotary embedding: only the attention core runs again.
     attention_->recompute(a.att, a.lse, a.qkv, s);
@@ -388,7 +393,7 @@ double Transformer::forward_chunk(ActivationContext& c, const Chunk& ch, const T
     profile::ScopedSpanContext where(static_cast<int>(l), "F");
     h.before_forward(l);
     runner_.forward(w_.blocks[l], c.blocks[l], c.residual[l], c.residual[l + 1], attention, l,
-                    grad_scale > 0 ? &moe_load_[static_cast<size_t>(l)] : nullptr);
+                    grad_scale > 0 ? &moe_load_[static_cast<size_t>(l)] : nullptr, &c.moe);
     h.after_forward(l);
   }
   if (!heads) return 0.0;

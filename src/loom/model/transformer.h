@@ -29,7 +29,7 @@ class Transformer {
   // tokens and targets tensor holds this rank's T tokens of each sample (spec::context_positions).
   Transformer(spec::TransformerConfig cfg, ParameterStore& params, kernels::Backend& backend,
               kernels::LayerOps* ops = nullptr, spec::Recompute recompute = spec::Recompute::None,
-              kernels::AttentionOps* attention = nullptr);
+              kernels::AttentionOps* attention = nullptr, kernels::ExpertExchange* experts = nullptr);
 
   const spec::TransformerConfig& config() const { return cfg_; }
   // This shard's widths: query heads, KV heads, MLP width and vocabulary rows (padded) per rank.

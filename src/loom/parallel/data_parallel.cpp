@@ -26,7 +26,8 @@ class Ddp final : public DataParallel {
  public:
   Ddp(comm::ProcessGroup& dp, const DataParallelSetup& s, profile::Tracer* tracer)
       : DataParallel(s.table->total_numel()), dp_(dp), table_(*s.table), bucket_bytes_(s.bucket_bytes),
-        block_starts_(s.table->block_starts(s.n_layers)), tracer_(tracer) {}
+        block_starts_(s.table->block_starts(s.n_layers)), tracer_(tracer), experts_split_(s.experts_split),
+        expert_replicas_(s.expert_replicas) {}
 
   int size() const override { return dp_.size(); }
   int rank() const override { return dp_.rank(); }
@@ -42,7 +43,7 @@ class Ddp final : public DataParallel {
   }
   void attach(const ZeroArenas& a) override {
     DataParallel::attach(a);
-    buckets_ = std::make_unique<GradBuckets>(table_, a.grads, dp_, bucket_bytes_);
+    buckets_ = std::make_unique<GradBuckets>(table_, a.grads, dp_, bucket_bytes_, experts_split_, expert_replicas_);
   }
   void begin_micro_batch(bool training, bool last) override {
     reduce_ = training && last;
@@ -61,7 +62,10 @@ class Ddp final : public DataParallel {
     wait_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
     reduce_ = false;
   }
-  ReplicatedState replicated() const override { return {true, false, true}; }
+  // Under expert parallelism the replicas hold different experts: no whole state to compare.
+  ReplicatedState replicated() const override {
+    return experts_split_ ? ReplicatedState{} : ReplicatedState{true, false, true};
+  }
   double wait_seconds() const override { return wait_; }
   double comm_cpu_seconds() const override { return dp_.stats().comm_cpu_seconds; }
 
@@ -71,6 +75,8 @@ class Ddp final : public DataParallel {
   size_t bucket_bytes_;
   std::vector<int64_t> block_starts_;
   profile::Tracer* tracer_;
+  bool experts_split_;
+  comm::ProcessGroup* expert_replicas_;
   std::unique_ptr<GradBuckets> buckets_;
   bool reduce_ = false;
   double wait_ = 0;

@@ -2,16 +2,19 @@
 
 namespace loom::parallel {
 
-GradBuckets::GradBuckets(const spec::ParamTable& table, float* grads, comm::ProcessGroup& dp, size_t bucket_bytes)
-    : grads_(grads), dp_(dp), total_(table.total_numel()) {
+GradBuckets::GradBuckets(const spec::ParamTable& table, float* grads, comm::ProcessGroup& dp, size_t bucket_bytes,
+                         bool experts_split, comm::ProcessGroup* expert_replicas)
+    : grads_(grads), dp_(dp), total_(table.total_numel()), expert_replicas_(expert_replicas) {
   const auto& params = table.params();
   const int64_t target = bucket_bytes == 0 ? total_ : static_cast<int64_t>(bucket_bytes / sizeof(float));
   int64_t hi = total_;
+  auto kind = [&](size_t i) { return experts_split && params[i].expert; };
   for (size_t i = params.size(); i-- > 0;) {
     const int64_t lo = params[i].offset;
-    // Close the bucket at this parameter's start once it holds enough, or at the arena's start.
-    if (hi - lo >= target || lo == 0) {
-      bounds_.emplace_back(lo, hi);
+    // Close the bucket at this parameter's start once it holds enough, at the arena's start, or where
+    // the next parameter down reduces over another group.
+    if (hi - lo >= target || lo == 0 || (i > 0 && kind(i - 1) != kind(i))) {
+      bounds_.push_back({lo, hi, kind(i)});
       hi = lo;
     }
   }
@@ -24,9 +27,11 @@ void GradBuckets::begin() {
 
 void GradBuckets::ready_from(int64_t first) {
   while (next_ < bounds_.size() && bounds_[next_].first >= first) {
-    const auto [lo, hi] = bounds_[next_++];
+    const auto [lo, hi, expert] = bounds_[next_++];
+    comm::ProcessGroup* group = expert ? expert_replicas_ : &dp_;
+    if (!group) continue;  // experts no other rank holds
     in_flight_.push_back(
-        dp_.all_reduce(grads_ + lo, grads_ + lo, static_cast<size_t>(hi - lo), DType::F32, comm::ReduceOp::kSum));
+        group->all_reduce(grads_ + lo, grads_ + lo, static_cast<size_t>(hi - lo), DType::F32, comm::ReduceOp::kSum));
   }
 }
 

@@ -3,7 +3,8 @@
 // towards its start, so "everything from element `ready_from` on is final" describes readiness. Buckets
 // are contiguous arena ranges of about `bucket_bytes`, cut at parameter boundaries, formed from the
 // end; each is all-reduced (sum) on the dp group's progress thread as soon as it is final, while the
-// backward of earlier layers goes on.
+// backward of earlier layers goes on. Under expert parallelism buckets are also cut where the routed
+// experts' weights begin and end: those are reduced over the ranks holding the same experts.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +19,10 @@ namespace loom::parallel {
 class GradBuckets {
  public:
   // bucket_bytes = 0: one bucket, reduced when the whole gradient is final (no overlap).
-  GradBuckets(const spec::ParamTable& table, float* grads, comm::ProcessGroup& dp, size_t bucket_bytes);
+  // experts_split: the table's expert weights (ParamSpec::expert) reduce over `expert_replicas` (nullptr:
+  // no other rank holds them -- nothing to reduce).
+  GradBuckets(const spec::ParamTable& table, float* grads, comm::ProcessGroup& dp, size_t bucket_bytes,
+              bool experts_split = false, comm::ProcessGroup* expert_replicas = nullptr);
 
   // Starts a step's reduction: nothing is final yet.
   void begin();
@@ -35,7 +39,12 @@ class GradBuckets {
   float* grads_;
   comm::ProcessGroup& dp_;
   int64_t total_;
-  std::vector<std::pair<int64_t, int64_t>> bounds_;  // [lo, hi), ordered from the arena's end
+  comm::ProcessGroup* expert_replicas_;
+  struct Bucket {
+    int64_t first, second;  // [lo, hi)
+    bool expert;
+  };
+  std::vector<Bucket> bounds_;  // ordered from the arena's end
   size_t next_ = 0;                                  // first bucket not yet issued
   std::vector<comm::Work> in_flight_;
 };

@@ -1,6 +1,7 @@
 #include "loom/parallel/parallelize.h"
 
 #include "loom/parallel/context_parallel_attention.h"
+#include "loom/parallel/expert_parallel_exchange.h"
 
 
 namespace loom::parallel {
@@ -26,7 +27,7 @@ double Parallelism::cp_in_flight_seconds() const {
 }
 
 Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp,
-                        const spec::PipelineStages* stages, spec::CpMode cp_mode) {
+                        const spec::PipelineStages* stages, spec::CpMode cp_mode, int ep) {
   Parallelism p;
   if (mesh) {
     p.dp = mesh->replica_group();
@@ -51,6 +52,24 @@ Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParal
     p.attention = std::make_unique<ContextParallelAttention>(backend, *p.cp, cp_mode);
   else
     p.attention = std::make_unique<kernels::AttentionOps>(backend);
+  if (ep > 1) {
+    const int replicas = p.dp_size();
+    if (!p.dp || replicas % ep != 0)
+      throw Error("internal: expert parallelism over " + std::to_string(ep) + " ranks needs replicas it divides, not " +
+                  std::to_string(replicas));
+    // ep groups: consecutive replicas; the expert replicas: the same place in every ep group. Both
+    // splits are collective over the replicas.
+    const int r = p.dp->rank();
+    if (ep == replicas) {
+      p.ep = p.dp;
+    } else {
+      p.owned_ep = p.dp->split(r / ep, r % ep);
+      p.owned_expert_replicas = p.dp->split(r % ep, r / ep);
+      p.ep = p.owned_ep.get(), p.expert_replicas = p.owned_expert_replicas.get();
+    }
+    p.shard.ep_rank = p.ep->rank(), p.shard.ep_size = ep;
+    p.experts = std::make_unique<ExpertParallelExchange>(backend, *p.ep);
+  }
   return p;
 }
 

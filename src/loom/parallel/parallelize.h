@@ -9,6 +9,7 @@
 
 #include "loom/comm/process_group.h"
 #include "loom/kernels/attention_ops.h"
+#include "loom/kernels/expert_exchange.h"
 #include "loom/kernels/layer_ops.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
@@ -31,6 +32,14 @@ struct Parallelism {
   spec::TableShard shard;            // this rank's tensor-parallel shard of every weight
   std::unique_ptr<kernels::LayerOps> ops;  // how the model's linears, embedding and loss run here
   std::unique_ptr<kernels::AttentionOps> attention;  // where the attention core runs (cp group or here)
+  // Expert parallelism: ep consecutive replicas split every MoE block's experts (`ep`, nullptr when
+  // ep = 1); `expert_replicas` are the ranks holding the same experts, one per ep group, over which the
+  // experts' gradients are reduced (nullptr when ep = dp). `experts`: how rows reach their expert.
+  comm::ProcessGroup* ep = nullptr;
+  comm::ProcessGroup* expert_replicas = nullptr;
+  std::unique_ptr<comm::ProcessGroup> owned_ep, owned_expert_replicas;
+  std::unique_ptr<kernels::ExpertExchange> experts;
+  int ep_size() const { return ep ? ep->size() : 1; }
   int world = 1;                     // ranks in the job (the peak MFU is measured against)
   int dp_size() const { return dp ? dp->size() : 1; }  // replicas (dp x cp)
   int dp_rank() const { return dp ? dp->rank() : 0; }
@@ -42,7 +51,9 @@ struct Parallelism {
   // once per trainer, before its parameter store: the strategy says how the arenas must be backed).
   std::unique_ptr<DataParallel> data_parallel(const DataParallelSetup& setup, Allocator& alloc,
                                               profile::Tracer* tracer) const {
-    return make_data_parallel(dp, setup, alloc, tracer);
+    DataParallelSetup s = setup;
+    s.expert_replicas = expert_replicas, s.experts_split = ep_size() > 1;
+    return make_data_parallel(dp, s, alloc, tracer);
   }
   // Seconds this rank waited on tensor-parallel collectives so far (exposed), and seconds they were in
   // flight (0 without tp).
@@ -57,7 +68,9 @@ struct Parallelism {
 // stages: the model's cut into pipeline chunks (spec::cut_pipeline), needed where pp > 1: this rank's
 // shard then holds the blocks of its chunks, the embeddings on pipeline rank 0 and the head on the
 // rank of the last chunk. cp_mode: how attention crosses the cp group where cp > 1.
+// ep: expert-parallel degree, drawn from the replicas (it must divide them; collective over them when > 1).
 Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParallelOptions tp = {},
-                        const spec::PipelineStages* stages = nullptr, spec::CpMode cp_mode = spec::CpMode::Ring);
+                        const spec::PipelineStages* stages = nullptr, spec::CpMode cp_mode = spec::CpMode::Ring,
+                        int ep = 1);
 
 }  // namespace loom::parallel

@@ -53,6 +53,7 @@ struct RankPart {
 struct Widths {
   double N, C, D, H, KV, F, V, QKV, HPRE, R;
   double E = 0, K = 0, Fe = 0, Fs = 0;  // mixture of experts: experts, top_k, expert and shared widths
+  double EP = 1;                        // expert parallelism: the expert side holds up to EP x N k rows
   Widths(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp, bool sp) {
     N = static_cast<double>(B * T), C = static_cast<double>(c.d_model), D = static_cast<double>(c.head_dim());
     H = static_cast<double>(c.n_heads / tp);
@@ -84,16 +85,18 @@ int64_t moe_blocks_in(const spec::TransformerConfig& c, int64_t first, int64_t b
 // What a mixture-of-experts block saves (model::make_moe_activations, for all N k pairs), and the
 // backward scratch a context holds when its chunk has one (model::make_moe_scratch).
 double moe_block_bytes(const Widths& w, bool bf16) {
-  const double N = w.N, M = w.N * w.K, lp = bf16 ? 2 : 0;
+  const double N = w.N, M = w.N * w.K, Mx = M * w.EP, lp = bf16 ? 2 : 0;
   return 4 * N * w.E + 4 * N * w.K * 3 + 4 * M  // scores; expert, weight, row; token_of_row
          + (bf16 ? 2 : 4) * M * w.C                 // the experts' inputs in GEMM precision
-         + 4 * M * 3 * w.Fe + lp * M * w.Fe         // h_pre (gate|up), h_act (and its bf16 copy)
+         + (w.EP > 1 ? (bf16 ? 2 : 4) * Mx * w.C : 0)  // and as this rank's experts run them
+         + 4 * Mx * 3 * w.Fe + lp * Mx * w.Fe       // h_pre (gate|up), h_act (and its bf16 copy)
          + 4 * M * w.C                              // outputs
          + (w.Fs > 0 ? 4 * N * 3 * w.Fs + lp * N * w.Fs : 0);  // the shared experts' pre, act (bf16 copy)
 }
-double moe_scratch_bytes(const Widths& w) {
-  const double N = w.N, M = w.N * w.K;
-  return 4 * (2 * M * w.C + 3 * M * w.Fe + N * w.K + N * w.E + 3 * N * w.Fs);
+double moe_scratch_bytes(const Widths& w, bool bf16) {
+  const double N = w.N, M = w.N * w.K, Mx = M * w.EP;
+  const double exchange = w.EP > 1 ? ((bf16 ? 2 : 4) + 4 + 4) * Mx * w.C : 0;  // received inputs, rows by source and by expert
+  return 4 * (2 * M * w.C + 3 * Mx * w.Fe + N * w.K + N * w.E + 3 * N * w.Fs) + exchange;
 }
 
 // One activation context as model::Transformer::make_context allocates it for a chunk of `blocks`
@@ -128,7 +131,7 @@ double context_bytes(const Widths& w, int64_t blocks, int64_t moe, bool head, bo
     total += 4 * N * w.V + 4 * N;                        // logits (dlogits), losses
   }
   total += 4 * (2 * R * C + N * (H * D + w.QKV + F + w.HPRE));  // backward scratch
-  if (moe > 0) total += moe_scratch_bytes(w);
+  if (moe > 0) total += moe_scratch_bytes(w, bf16);
   total += 4 * N * 2;                                           // the context's tokens + targets
   if (sp) total += 4 * 4 * C;                                   // partial norm gradients
   return total;
@@ -201,8 +204,12 @@ Schedule planner_schedule(spec::PipelineSchedule s) {
 EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout& l, int64_t seq, EngineNumerics numerics,
                                 const EnginePipeline& pipe, int pipeline_rank) {
   const bool bf16 = numerics.bf16, only = numerics.bf16_only;
-  if (l.ep != 1)
-    throw ConfigError("Loom's engine runs data, tensor, pipeline and context parallelism (ep = 1), not " + l.str());
+  if (l.ep != 1 && (!cfg.moe.enabled() || cfg.moe.experts % l.ep != 0 || l.dp % l.ep != 0))
+    throw ConfigError("Loom's engine runs expert parallelism over ep ranks dividing dp and a mixture of experts' "
+                      "experts, not " + l.str());
+  if (cfg.moe.enabled() && (l.tp > 1 || l.cp > 1 || l.schedule == Schedule::ZeroBubble || (l.ep > 1 && l.zero > 0)))
+    throw ConfigError("Loom's engine runs mixture-of-experts blocks without tp, cp or zb-h1, and expert parallelism "
+                      "with ZeRO 0, not " + l.str());
   if (seq % (2 * l.cp) != 0)
     throw ConfigError("context parallelism at cp = " + std::to_string(l.cp) + " needs the sequence (" +
                       std::to_string(seq) + ") to split into 2 x cp chunks");
@@ -210,6 +217,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   // holds whole rows and, with fewer KV heads than tp, the same one-head piece as every rank); under pp
   // the first stage's chunks, with the embeddings.
   spec::TableShard shard{0, l.tp};
+  shard.ep_size = l.ep;  // rank 0 holds the first experts / ep of every MoE block
   std::optional<spec::PipelineStages> stages;
   if (l.pp > 1) {
     if (l.zero >= 2 && l.dp > 1)
@@ -222,7 +230,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     if (pipeline_rank < 0 || pipeline_rank >= l.pp)
       throw ConfigError("pipeline rank " + std::to_string(pipeline_rank) + " is not one of pp = " + std::to_string(l.pp));
     const spec::TableShard stage = stages->shard_of(pipeline_rank);
-    shard = stage, shard.tp_rank = 0, shard.tp_size = l.tp;
+    shard = stage, shard.tp_rank = 0, shard.tp_size = l.tp, shard.ep_size = l.ep;
   }
   const auto table = spec::build_param_table(cfg, shard);
   // ZeRO shards over the replicas: every rank holding the same weights, dp x cp of them.
@@ -270,7 +278,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   const bool sp = l.sp && l.tp > 1;
   // Each rank's contexts hold its seq / cp tokens of every sample.
   const int64_t T_local = seq / l.cp;
-  const Widths w(cfg, table, l.micro_batch, T_local, l.tp, sp);
+  Widths w(cfg, table, l.micro_batch, T_local, l.tp, sp);
+  w.EP = l.ep;
   const double B = static_cast<double>(l.micro_batch), Tl = static_cast<double>(T_local);
   // Under cp: the trainer's whole samples (loaded before this rank's tokens are taken) and the attention's
   // scratch, once per rank.

@@ -215,11 +215,15 @@ void add_moe(ParamTable& t, const TransformerConfig& c, const std::string& prefi
   // is zero, so AdamW leaves it alone -- but moved by the trainer after each step, and a weight like any
   // other for checkpoints, layouts and export.
   if (c.moe.bias_update_rate > 0) t.add(vec(prefix + "gate.e_score_correction_bias", E, Init::Kind::Zeros));
-  for (int64_t e = 0; e < E; ++e) {
+  const auto [first, last] = local_experts(c, t.shard());
+  for (int64_t e = first; e < last; ++e) {
     const std::string x = prefix + "experts." + std::to_string(e) + ".";
-    t.add(linear(x + "w1.weight", Fe, C, c.init_std, Placement::replicate()));
-    t.add(linear(x + "w3.weight", Fe, C, c.init_std, Placement::replicate()));
-    t.add(linear(x + "w2.weight", C, Fe, resid_std, Placement::replicate()));
+    for (ParamSpec p : {linear(x + "w1.weight", Fe, C, c.init_std, Placement::replicate()),
+                        linear(x + "w3.weight", Fe, C, c.init_std, Placement::replicate()),
+                        linear(x + "w2.weight", C, Fe, resid_std, Placement::replicate())}) {
+      p.expert = true;
+      t.add(std::move(p));
+    }
   }
   if (c.moe.shared_experts > 0) {
     const int64_t Fs = c.moe.shared_experts * Fe;
@@ -299,6 +303,37 @@ std::string divisors(int64_t n, int64_t limit) {
 
 }  // namespace
 
+std::pair<int64_t, int64_t> local_experts(const TransformerConfig& cfg, const TableShard& shard) {
+  const int64_t per = cfg.moe.experts / shard.ep_size;
+  return {shard.ep_rank * per, (shard.ep_rank + 1) * per};
+}
+
+std::vector<ArenaRange> expert_ranges(const ParamTable& table) {
+  std::vector<ArenaRange> out;
+  for (const auto& p : table.params()) {
+    if (!p.expert) continue;
+    if (!out.empty() && out.back().end == p.offset)
+      out.back().end = p.offset + p.numel();
+    else
+      out.push_back({p.offset, p.offset + p.numel()});
+  }
+  return out;
+}
+
+std::vector<ArenaRange> subtract(const std::vector<ArenaRange>& a, const std::vector<ArenaRange>& b) {
+  std::vector<ArenaRange> out;
+  size_t j = 0;
+  for (ArenaRange r : a) {
+    while (j < b.size() && b[j].end <= r.begin) ++j;
+    for (size_t k = j; k < b.size() && b[k].begin < r.end; ++k) {
+      if (b[k].begin > r.begin) out.push_back({r.begin, b[k].begin});
+      r.begin = std::max(r.begin, b[k].end);
+    }
+    if (r.begin < r.end) out.push_back(r);
+  }
+  return out;
+}
+
 std::string moe_param_prefix(const TransformerConfig& cfg, int64_t layer) {
   return cfg.arch == Arch::Llama ? "model.layers." + std::to_string(layer) + ".block_sparse_moe."
                                  : "transformer.h." + std::to_string(layer) + ".moe.";
@@ -323,6 +358,10 @@ void validate_tensor_parallel(const TransformerConfig& c, int tp) {
 ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard) {
   cfg.validate();
   validate_tensor_parallel(cfg, shard.tp_size);
+  if (shard.ep_size < 1 || shard.ep_rank < 0 || shard.ep_rank >= shard.ep_size ||
+      (shard.ep_size > 1 && (!cfg.moe.enabled() || cfg.moe.experts % shard.ep_size != 0)))
+    throw ConfigError("expert-parallel rank " + std::to_string(shard.ep_rank) + " of ep = " + std::to_string(shard.ep_size) +
+                      " cannot split model.moe.experts = " + std::to_string(cfg.moe.experts));
   if (shard.tp_rank < 0 || shard.tp_rank >= shard.tp_size)
     throw ConfigError("tensor-parallel rank " + std::to_string(shard.tp_rank) + " is outside tp = " +
                       std::to_string(shard.tp_size));

@@ -38,6 +38,9 @@ struct TableShard {
   // embeddings it then holds the token embedding too, as the head's weight).
   std::vector<std::pair<int64_t, int64_t>> blocks;
   bool embeddings = true, head = true;
+  // Expert parallelism: this rank's place among the ep ranks that split each MoE block's experts (it
+  // holds experts [ep_rank, ep_rank + 1) x experts / ep_size; the router and the rest whole).
+  int ep_rank = 0, ep_size = 1;
   // Every tensor whole (not split by tp); a pipeline shard's tensors are whole, only fewer.
   bool whole() const { return tp_size == 1; }
   bool every_layer() const { return blocks.empty() && embeddings && head; }
@@ -56,6 +59,9 @@ struct ParamSpec {
   // Read by the model only as a GEMM operand, so in bf16 mode only its bf16 copy is ever read: linear
   // weights and an untied LM head. Norm gains, biases and embeddings are read in f32.
   bool gemm_only = false;
+  // A routed expert's weight: held by one ep rank of each ep group, so its gradient is reduced over the
+  // ranks holding the same experts (the other ep groups), not over every replica.
+  bool expert = false;
 
   int64_t numel() const;
 };
@@ -120,6 +126,13 @@ ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard = {}
 // Where block `layer`'s mixture-of-experts tensors are named: "model.layers.L.block_sparse_moe." (Llama:
 // Mixtral's names) or "transformer.h.L.moe." (GPT-2).
 std::string moe_param_prefix(const TransformerConfig& cfg, int64_t layer);
+
+// The routed experts [first, last) a shard holds in every MoE block.
+std::pair<int64_t, int64_t> local_experts(const TransformerConfig& cfg, const TableShard& shard);
+// The arena ranges of the routed experts' weights (ParamSpec::expert), ascending and merged.
+std::vector<ArenaRange> expert_ranges(const ParamTable& table);
+// Elements of ascending, disjoint ranges `a` that are not in `b` (ascending, disjoint).
+std::vector<ArenaRange> subtract(const std::vector<ArenaRange>& a, const std::vector<ArenaRange>& b);
 
 // Throws ConfigError naming the numbers and the valid degrees when `tp` cannot split `cfg` (heads, KV
 // heads, FFN width). A vocabulary tp does not divide is padded, never refused.

@@ -259,7 +259,8 @@ CheckpointImage CheckpointManager::capture_shard(Trainer& t, int64_t step, Tenso
   const spec::ParamTable& table = t.params().table();
   const AdamW& adam = t.optimizer();
   const auto pieces = save_pieces(table, saved_ranges(table, cfg.model.resolved.n_layers, par.dp_size(), par.dp_rank(),
-                                                      t.zero_stage() > 0 ? adam.pieces() : std::vector<spec::ArenaRange>{}));
+                                                      t.zero_stage() > 0 ? adam.pieces() : std::vector<spec::ArenaRange>{},
+                                                      par.ep_size()));
   // Where arena element `a` of a moment sits: in the optimizer piece holding it (the whole arena
   // without ZeRO).
   auto moment_offset = [&](int64_t a) -> int64_t {
@@ -625,11 +626,11 @@ ResumeReport load_checkpoint(const std::string& path, Trainer& trainer) {
       if (la == lb) continue;
       std::string key = section + la.substr(0, la.find(' '));
       // Every layout saves whole tensors (rank 0's replica, ZeRO pieces, tp shards and pipeline stages
-      // gathered; context-parallel ranks are replicas of the weights), so dp, tp, pp, cp, zero, the
-      // pipeline's schedule and cut and the bucket size may change on resume; a different model, or an
-      // axis this build does not reshard yet (ep), may not.
+      // gathered; context-parallel ranks are replicas of the weights; each expert by the first ep group),
+      // so dp, tp, pp, cp, ep, zero, the pipeline's schedule and cut and the bucket size may change on
+      // resume; a different model may not.
       const bool free_layout_key = key == "parallel.dp" || key == "parallel.tp" || key == "parallel.pp" ||
-                                   key == "parallel.cp" || key == "parallel.cp_mode" ||
+                                   key == "parallel.cp" || key == "parallel.cp_mode" || key == "parallel.ep" ||
                                    key == "parallel.zero" || key == "parallel.bucket_kb" ||
                                    key == "parallel.sequence_parallel" || key == "parallel.tp_overlap" ||
                                    key.rfind("parallel.pipeline.", 0) == 0;

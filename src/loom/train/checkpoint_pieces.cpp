@@ -66,14 +66,23 @@ std::vector<SavePiece> save_pieces(const spec::ParamTable& table, const std::vec
 }
 
 std::vector<spec::ArenaRange> saved_ranges(const spec::ParamTable& table, int64_t n_layers, int dp, int dp_rank,
-                                           const std::vector<spec::ArenaRange>& optimizer_pieces) {
+                                           const std::vector<spec::ArenaRange>& optimizer_pieces, int ep) {
   std::vector<spec::ArenaRange> share = optimizer_pieces;
   if (share.empty()) {
     const spec::ShardPlan plan(spec::unit_bounds_from_blocks(table.block_starts(n_layers), table.total_numel()), dp);
     for (const auto& r : plan.pieces(dp_rank))
       if (r.size() > 0) share.push_back(r);
   }
-  return spec::intersect(spec::counted_ranges(table), share);
+  auto out = spec::intersect(spec::counted_ranges(table), share);
+  if (ep <= 1) return out;
+  const auto experts = spec::expert_ranges(table);
+  out = spec::subtract(out, experts);
+  if (dp_rank < ep) {
+    const auto mine = spec::intersect(spec::counted_ranges(table), experts);
+    out.insert(out.end(), mine.begin(), mine.end());
+    std::sort(out.begin(), out.end(), [](const spec::ArenaRange& a, const spec::ArenaRange& b) { return a.begin < b.begin; });
+  }
+  return out;
 }
 
 void PieceIndex::add(const std::string& key, size_t entry, const std::vector<PieceRun>& runs) {

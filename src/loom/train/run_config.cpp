@@ -419,10 +419,24 @@ void RunConfig::validate() const {
   need(p.zero_release == "lazy" || p.zero_release == "eager",
        "parallel.zero_release = \"" + p.zero_release + "\" is not a release mode (\"lazy\" or \"eager\")");
   need(p.zero >= 0 && p.zero <= 3, "parallel.zero = " + s(p.zero) + " is not a ZeRO stage (0, 1, 2 or 3)");
-  need(p.ep == 1,
-       "parallel layout dp=" + s(p.dp) + " tp=" + s(p.tp) + " pp=" + s(p.pp) + " cp=" + s(p.cp) + " ep=" + s(p.ep) +
-           " is not supported yet: this build runs data, tensor, pipeline and context parallelism (parallel.dp, "
-           "parallel.tp, parallel.pp, parallel.cp, parallel.zero = 0..3; ep 1)");
+  if (p.ep > 1) {
+    // Expert parallelism splits each MoE block's experts over ep of the data-parallel ranks.
+    const int64_t E = model.resolved.moe.experts;
+    need(model.resolved.moe.enabled(), "parallel.ep = " + s(p.ep) +
+                                           " needs a mixture-of-experts model: set model.moe.experts (docs/moe.md)");
+    need(p.dp % p.ep == 0, "parallel.ep = " + s(p.ep) + " must divide parallel.dp = " + s(p.dp) +
+                               ": the expert-parallel groups are drawn from the data-parallel ranks");
+    std::string valid;
+    for (int64_t d = 1; d <= std::min<int64_t>(E, p.dp); ++d)
+      if (E % d == 0 && p.dp % d == 0) valid += (valid.empty() ? "" : ", ") + s(d);
+    need(E % p.ep == 0, "parallel.ep = " + s(p.ep) + " does not divide model.moe.experts = " + s(E) +
+                            " (each ep rank holds experts / ep of them); valid ep here: " + valid);
+    need(p.zero == 0, "parallel.ep = " + s(p.ep) + " with parallel.zero = " + s(p.zero) +
+                          " is not supported yet: the experts' gradients reduce over their own group, which ZeRO's "
+                          "shards do not follow; use parallel.zero = 0");
+    need(checkpoint.format == "sharded", "parallel.ep = " + s(p.ep) + " saves sharded checkpoints only (each expert is "
+                                         "held by one rank of each ep group); use checkpoint.format = \"sharded\"");
+  }
   const spec::CpMode cp_mode = spec::parse_cp_mode(p.cp_mode);
   if (p.cp > 1) spec::validate_context_parallel(model.resolved, seq_len(), static_cast<int>(p.cp), cp_mode,
                                                 static_cast<int>(p.tp));

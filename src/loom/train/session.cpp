@@ -214,11 +214,19 @@ SessionSummary Session::run() {
                     cfg.parallel.cp_mode, cfg.parallel.cp, cfg.seq_len() / cfg.parallel.cp, cfg.seq_len()));
   const parallel::Parallelism par = parallel::parallelize(
       mesh.get(), backend, {cfg.parallel.sequence_parallel, cfg.parallel.tp_overlap}, stages ? &*stages : nullptr,
-      spec::parse_cp_mode(cfg.parallel.cp_mode));
+      spec::parse_cp_mode(cfg.parallel.cp_mode), static_cast<int>(cfg.parallel.ep));
+  if (cfg.parallel.ep > 1)
+    say(fmt::format("expert parallelism: {} experts per MoE block over {} ranks, {} each; their gradients reduced over "
+                    "{} rank(s) holding the same ones",
+                    cfg.model.resolved.moe.experts, cfg.parallel.ep, cfg.model.resolved.moe.experts / cfg.parallel.ep,
+                    cfg.parallel.dp / cfg.parallel.ep));
   Trainer trainer(cfg, backend, peak.flops_per_s, &par);
   say("data: " + trainer.data().describe());
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");
-  if (o.check_replicas > 0 && trainer.zero_stage() == 3)
+  if (o.check_replicas > 0 && cfg.parallel.ep > 1)
+    say("note: --check-replicas does not yet compare replicas under expert parallelism (each holds other experts); "
+        "skipped");
+  else if (o.check_replicas > 0 && trainer.zero_stage() == 3)
     say("note: --check-replicas has nothing to compare under parallel.zero = 3 (no state is replicated); skipped");
   CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, resuming, world ? world->rank() : 0,
                                 world ? world->size() : 1);

@@ -77,7 +77,7 @@ Trainer::Trainer(const RunConfig& cfg, kernels::Backend& backend, double peak_fl
   if (cfg_.stochastic_rounding) params_->use_stochastic_rounding(cfg_.train.seed);
   params_->initialize(cfg_.train.seed, data_parallel_->weights_held());
   model_ = std::make_unique<model::Transformer>(cfg_.model.resolved, *params_, backend_, par_.ops.get(),
-                                                 cfg_.train.recompute, par_.attention.get());
+                                                 cfg_.train.recompute, par_.attention.get(), par_.experts.get());
   if (cfg_.fp8) {
     const auto& o = cfg_.fp8_options;
     fp8_ = std::make_unique<model::Fp8Recipe>(
@@ -643,6 +643,16 @@ double Trainer::gradient_norm() const {
     mine = rest;
   }
   double sq = grad_sum_squares(*params_, mine);
+  if (par_.ep_size() > 1) {
+    // Each ep rank holds other experts: their squares add up over the ep group, the rest is replicated.
+    const auto experts = spec::expert_ranges(params_->table());
+    double ex = grad_sum_squares(*params_, spec::intersect(mine, experts));
+    sq -= ex;
+    comm::issue_and_wait(backend_.tracer(), "ep_norm_reduce", 8, [&] {
+      return par_.ep->all_reduce(&ex, &ex, 1, DType::F64, comm::ReduceOp::kSum);
+    });
+    sq += ex;
+  }
   if (data_parallel_->gradients_sharded()) sq = dp_sum(sq);
   return std::sqrt(pp_sum(tp_sum(sq)));
 }
