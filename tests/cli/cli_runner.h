@@ -63,4 +63,17 @@ inline std::filesystem::path train_tiny(const std::string& name, int ranks, cons
   return dir;
 }
 
+// Copies the checkpoints in `from`/ck and resumes them with `ranks` ranks of the tiny config and `args`
+// (quietly); returns the run folder (metrics in out/). Fails the calling test if the run does.
+inline std::filesystem::path resume_copy(const std::string& name, const std::filesystem::path& from, int ranks,
+                                         const std::string& args) {
+  auto dir = scratch_dir(name);
+  std::filesystem::copy(from / "ck", dir / "ck", std::filesystem::copy_options::recursive);
+  auto r = run_loom("run -n " + std::to_string(ranks) + " -- loom train --config " LOOM_SOURCE_DIR
+                    "/configs/tiny.toml --quiet " + args + " --set train.out_dir=" + (dir / "out").string() +
+                    " --save-dir " + (dir / "ck").string() + " --resume");
+  if (r.rc != 0) ADD_FAILURE() << r.err;
+  return dir;
+}
+
 }  // namespace loom::test

@@ -104,13 +104,8 @@ TEST(MoeCli, TheSelectionBiasMovesAndResumesWithTheCheckpoint) {
   const auto want = losses(whole / "out");
   for (int dp : {1, 2}) {
     SCOPED_TRACE("resumed at dp=" + std::to_string(dp));
-    auto dir = scratch_dir("moe-r");
-    fs::copy(half / "ck", dir / "ck", fs::copy_options::recursive);
-    auto r = run_loom("run -n " + std::to_string(dp) + " -- loom train " + kTiny + "--quiet " + sets +
-                      " --set train.steps=8 --set parallel.dp=" + std::to_string(dp) + " --set parallel.zero=" +
-                      (dp > 1 ? "3" : "0") + " --set train.out_dir=" + (dir / "out").string() + " --save-dir " +
-                      (dir / "ck").string() + " --resume");
-    ASSERT_EQ(r.rc, 0) << r.err;
+    auto dir = resume_copy("moe-r", half, dp, sets + " --set train.steps=8 --set parallel.dp=" + std::to_string(dp) +
+                                                  " --set parallel.zero=" + (dp > 1 ? "3" : "0"));
     const auto got = losses(dir / "out");
     ASSERT_EQ(got.size(), 5u);
     const auto tail = std::vector<double>(want.begin() + 3, want.end());
@@ -184,13 +179,8 @@ TEST(MoeCli, ExpertParallelRunsSplitTheExpertsAndResumeAtAnyEp) {
   const auto want = losses(whole / "out");
   for (int ep : {1, 4}) {
     SCOPED_TRACE("resumed at ep=" + std::to_string(ep));
-    auto dir = scratch_dir("ep-r");
-    fs::copy(half / "ck", dir / "ck", fs::copy_options::recursive);
-    auto r = run_loom("run -n " + std::to_string(ep) + " -- loom train " + kTiny + "--quiet " + sets +
-                      " --set train.steps=8 --set parallel.dp=" + std::to_string(ep) + " --set parallel.ep=" +
-                      std::to_string(ep) + " --set train.out_dir=" + (dir / "out").string() + " --save-dir " +
-                      (dir / "ck").string() + " --resume");
-    ASSERT_EQ(r.rc, 0) << r.err;
+    auto dir = resume_copy("ep-r", half, ep, sets + " --set train.steps=8 --set parallel.dp=" + std::to_string(ep) +
+                                                " --set parallel.ep=" + std::to_string(ep));
     const auto got = losses(dir / "out");
     ASSERT_EQ(got.size(), 4u);
     EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
