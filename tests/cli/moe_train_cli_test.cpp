@@ -189,16 +189,28 @@ TEST(MoeCli, ExpertParallelRunsSplitTheExpertsAndResumeAtAnyEp) {
   fs::remove_all(whole), fs::remove_all(half);
 }
 
-// Issue 19 item 2: at ep = 2 a rank holds half the experts, so less parameter memory than ep = 1 at
-// the same dp, and the exchange appears in the trace.
+// Issue 19 items 2 and 3: at ep = 2 a rank holds half the experts, so less parameter memory than ep = 1
+// at the same dp; the exchange appears in the trace, and `loom profile report` gives its exposed time
+// and names the straggling expert rank.
 TEST(MoeCli, EachExpertParallelRankHoldsItsExpertsAndExchangesRows) {
   auto bytes = [](int ep, const fs::path& trace) {
     auto dir = scratch_dir("ep-mem");
-    auto r = run_loom("run -n 2 -- loom train " + kTiny + "--quiet --json --set model.preset=tiny-moe --set train.steps=2 "
+    auto r = run_loom("run -n 2 -- loom train " + kTiny + "--quiet --json --set model.preset=tiny-moe --set train.steps=4 "
                       "--set train.eval_every=0 --set checkpoint.save_every=0 --set parallel.dp=2 --set parallel.ep=" +
                       std::to_string(ep) + " --set train.out_dir=" + (dir / "out").string() +
                       (trace.empty() ? std::string() : " --trace " + trace.string()));
     EXPECT_EQ(r.rc, 0) << r.err;
+    if (!trace.empty()) {
+      auto report = run_loom("profile report " + (dir / "out").string() + " --json");
+      EXPECT_EQ(report.rc, 0) << report.err;
+      const auto j = nlohmann::json::parse(report.out);
+      EXPECT_GT(j["expert_parallel"]["exposed_s"].get<double>(), 0.0);
+      const int straggler = j["expert_parallel"]["straggler"]["rank"].get<int>();
+      EXPECT_TRUE(straggler == 0 || straggler == 1);
+      EXPECT_THAT(j["expert_parallel"]["straggler"]["op"].get<std::string>(), ::testing::StartsWith("ep_"));
+      report = run_loom("profile report " + (dir / "out").string());
+      EXPECT_THAT(report.out, HasSubstr("the straggling expert rank: " + std::to_string(straggler)));
+    }
     fs::remove_all(dir);
     return nlohmann::json::parse(r.out)["peak_bytes_by_category"]["parameters"].get<double>();
   };

@@ -136,6 +136,19 @@ StepReport build_report(const TraceAnalysis& analysis, const Roofline& roof, con
   return r;
 }
 
+ExpertExchange expert_exchange(const TraceAnalysis& a) {
+  ExpertExchange e;
+  auto expert = [](const std::string& name) { return name.rfind("ep_", 0) == 0; };
+  for (const auto& w : a.waits)
+    if (expert(w.name)) e.exposed += w.seconds;
+  for (const auto& s : a.stragglers)  // by others_waited, descending
+    if (expert(s.op)) {
+      e.straggler = s;
+      break;
+    }
+  return e;
+}
+
 std::string format_report(const StepReport& r) {
   const auto& a = r.analysis;
   const RankBreakdown m = a.mean();
@@ -194,6 +207,15 @@ std::string format_report(const StepReport& r) {
                          ms(a.stragglers.front().others_waited), a.stragglers.front().op);
     out += "\n";
   }
+  if (const ExpertExchange e = expert_exchange(a); e.exposed > 0) {
+    out += fmt::format("\nexpert parallelism: the experts' all-to-alls (ep_*) exposed {:.2f} ms per step ({:.1f}% of the "
+                       "step, rank mean)",
+                       ms(e.exposed), pct(e.exposed));
+    if (e.straggler)
+      out += fmt::format("; the straggling expert rank: {} (the others waited {:.2f} ms per step for it at {})",
+                         e.straggler->last_rank, ms(e.straggler->others_waited), e.straggler->op);
+    out += "\n";
+  }
   out += fmt::format("\nverdict: bound by {}: {:.0f}% of the step\n", r.bound_by, 100 * r.bound_share);
   for (size_t i = 0; i < r.opportunities.size(); ++i) {
     const auto& o = r.opportunities[i];
@@ -234,6 +256,12 @@ nlohmann::json report_json(const StepReport& r) {
   j["slowest_rank"] = r.analysis.slowest_rank;
   for (const auto& s : r.analysis.stragglers)
     j["stragglers"].push_back({{"op", s.op}, {"last_rank", s.last_rank}, {"others_waited_s", s.others_waited}});
+  if (const ExpertExchange e = expert_exchange(r.analysis); e.exposed > 0) {
+    j["expert_parallel"] = {{"exposed_s", e.exposed}};
+    if (e.straggler)
+      j["expert_parallel"]["straggler"] = {{"rank", e.straggler->last_rank}, {"op", e.straggler->op},
+                                           {"others_waited_s", e.straggler->others_waited}};
+  }
   for (const auto& o : r.opportunities)
     j["opportunities"].push_back({{"where", o.where}, {"what", o.what}, {"seconds", o.seconds}});
   return j;

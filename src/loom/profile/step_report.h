@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,15 @@ struct StepReport {
   double mfu = 0, hfu = 0, bandwidth_utilisation = 0;
   std::vector<Opportunity> opportunities;  // the largest first, at most three
 };
+
+// Expert parallelism's exchanges (spans ep_*): their exposed waits per step (rank mean) and the
+// collective at which the other ranks waited longest for one of them -- the straggling expert rank,
+// whose experts got the most rows or whose rows arrived last.
+struct ExpertExchange {
+  double exposed = 0;
+  std::optional<StragglerWait> straggler;
+};
+ExpertExchange expert_exchange(const TraceAnalysis& analysis);
 
 StepReport build_report(const TraceAnalysis& analysis, const Roofline& roof, const RunFacts& facts);
 std::string format_report(const StepReport& r);
