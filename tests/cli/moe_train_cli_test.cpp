@@ -186,6 +186,10 @@ TEST(MoeCli, ExpertParallelRunsSplitTheExpertsAndResumeAtAnyEp) {
     EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
     fs::remove_all(dir);
   }
+  auto r = run_loom("ckpt inspect " + (half / "ck").string());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("saved from: dp=4 tp=1 pp=1 zero=0 ep=2"));
+  EXPECT_THAT(r.out, HasSubstr("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
   fs::remove_all(whole), fs::remove_all(half);
 }
 

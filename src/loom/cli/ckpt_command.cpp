@@ -76,7 +76,9 @@ int inspect(const InspectOptions& o) {
   const std::vector<std::string> holes = train::CheckpointReader(dir, m).holes();
   bad += holes.size();
   const std::string layout =
-      fmt::format("dp={} tp={} pp={} zero={}{}", cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero,
+      fmt::format("dp={} tp={} pp={} zero={}{}{}{}", cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero,
+                  cfg.parallel.cp > 1 ? fmt::format(" cp={}", cfg.parallel.cp) : "",
+                  cfg.parallel.ep > 1 ? fmt::format(" ep={}", cfg.parallel.ep) : "",
                   cfg.parallel.sequence_parallel ? " sp" : "");
   if (o.json) {
     nlohmann::json j{{"path", dir.string()},
