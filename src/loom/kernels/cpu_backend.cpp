@@ -91,6 +91,12 @@ void expect_groups(const Tensor& x, std::span<const Tensor> w, std::span<const i
                w[g].dim(1) == cols(x),
            std::string(op) + ": group " + std::to_string(g) + "'s weight " + sh(w[g]) + " or rows do not fit x " + sh(x));
 }
+// f(group, first row, rows) for every group that has rows.
+template <class F>
+void for_each_group(std::span<const int64_t> offsets, F&& f) {
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    if (offsets[g + 1] > offsets[g]) f(g, offsets[g], offsets[g + 1] - offsets[g]);
+}
 }  // namespace
 
 void CpuBackend::grouped_linear_forward(const Tensor& y, const Tensor& x, std::span<const Tensor> w,
@@ -103,13 +109,11 @@ void CpuBackend::grouped_linear_forward(const Tensor& y, const Tensor& x, std::s
   auto c = gemm_cost({.M = M, .N = OC, .K = IC, .trans_b = true, .ab_type = x.dtype()});
   Span span(tracer_, "gemm_grouped_fwd", Category::Gemm, c.flops, c.bytes);
   const size_t xe = dtype_size(x.dtype());
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-    if (n == 0) continue;
+  for_each_group(offsets, [&](size_t g, int64_t r0, int64_t n) {
     GemmDesc d{.M = n, .N = OC, .K = IC, .trans_b = true, .ab_type = x.dtype(), .runtime_shape = true};
     gemm(d, static_cast<const std::byte*>(x.raw()) + r0 * IC * static_cast<int64_t>(xe), w[g].raw(),
          y.data<float>() + r0 * OC, nullptr, alloc_);
-  }
+  });
 }
 
 void CpuBackend::grouped_linear_backward(const Tensor& dx, std::span<const Tensor> dw, const Tensor& dy,
@@ -127,19 +131,15 @@ void CpuBackend::grouped_linear_backward(const Tensor& dx, std::span<const Tenso
   auto data_cost = gemm_cost({.M = M, .N = IC, .K = OC, .ab_type = w[0].dtype()});
   {
     Span span(tracer_, "gemm_grouped_bwd_data", Category::Gemm, data_cost.flops, data_cost.bytes);
-    for (size_t g = 0; g < w.size(); ++g) {
-      const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-      if (n == 0) continue;
+    for_each_group(offsets, [&](size_t g, int64_t r0, int64_t n) {
       GemmDesc d{.M = n, .N = IC, .K = OC, .ab_type = w[g].dtype(), .runtime_shape = true};
       gemm(d, static_cast<const std::byte*>(g_all.raw()) + r0 * OC * static_cast<int64_t>(ge), w[g].raw(),
            dx.data<float>() + r0 * IC, nullptr, alloc_);
-    }
+    });
   }
   auto weight_cost = gemm_cost({.M = OC, .N = IC, .K = M, .trans_a = true, .ab_type = w[0].dtype(), .accumulate = true});
   Span span(tracer_, "gemm_grouped_bwd_weight", Category::Gemm, weight_cost.flops, weight_cost.bytes);
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-    if (n == 0) continue;
+  for_each_group(offsets, [&](size_t g, int64_t r0, int64_t n) {
     expect(dw[g].shape() == w[g].shape() && dw[g].dtype() == DType::F32,
            "grouped_linear_backward: gradient " + sh(dw[g]) + " does not fit its weight " + sh(w[g]));
     GemmDesc d{.M = OC, .N = IC, .K = n, .trans_a = true, .ab_type = w[g].dtype(), .accumulate = true,
@@ -147,7 +147,7 @@ void CpuBackend::grouped_linear_backward(const Tensor& dx, std::span<const Tenso
     gemm(d, static_cast<const std::byte*>(g_all.raw()) + r0 * OC * static_cast<int64_t>(ge),
          static_cast<const std::byte*>(x.raw()) + r0 * IC * static_cast<int64_t>(xe), dw[g].data<float>(), nullptr,
          alloc_);
-  }
+  });
 }
 
 Tensor CpuBackend::prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) {

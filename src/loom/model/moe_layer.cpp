@@ -10,12 +10,6 @@
 
 namespace loom::model {
 
-void MoeLoad::add(const MoeLoad& o) {
-  if (routed.size() < o.routed.size()) routed.resize(o.routed.size(), 0);
-  for (size_t e = 0; e < o.routed.size(); ++e) routed[e] += o.routed[e];
-  dropped += o.dropped, pairs += o.pairs, aux_loss += o.aux_loss, micro_batches += o.micro_batches;
-}
-
 MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, int ep) {
   const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
   const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * ep;
@@ -179,7 +173,7 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, 
 void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const Tensor& dout, const Tensor& dx,
                         const Tensor& x, const Tensor& x_f32, double aux_scale) {
   const auto& m = cfg_.moe;
-  const int64_t N = dout.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k, M = a.offsets.back();
+  const int64_t N = dout.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k;
   if (w.shared_gate_up.w.defined()) {
     const Tensor d_act = s.shared_d_act.slice(0, N), d_pre = s.shared_d_pre.slice(0, N);
     be_.linear_backward(&d_act, false, w.shared_down.dw, nullptr, dout, a.shared_act_lp.slice(0, N), w.shared_down.w);
@@ -204,7 +198,6 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
     kernels::moe_gather_rows(s.by_expert.raw(), s.recv.raw(), a.inv.data(), R, C * 4);
     exchange_->exchange_rows(s.by_expert.raw(), a.recv_rows, s.dx.raw(), a.send_rows, C * 4, "ep_combine_grad");
   }
-  (void)M;
   {
     profile::Span span(be_.tracer(), "moe_route_backward", profile::Category::Kernel);
     kernels::moe_scatter_add_rows(dx.data<float>(), s.dx.data<float>(), a.row.data<int32_t>(), N, k, C);

@@ -30,7 +30,6 @@ struct MoeLoad {
   int64_t pairs = 0;            // tokens x top_k
   double aux_loss = 0;          // sum over micro-batches of the load-balancing loss
   int64_t micro_batches = 0;
-  void add(const MoeLoad& o);
 };
 
 // The saved tensors of one MoE MLP over N tokens (expert-order buffers sized for all N k pairs; the

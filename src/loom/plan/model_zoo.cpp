@@ -149,13 +149,6 @@ ParamCounts count_params(const PlanModel& m) {
   return p;
 }
 
-double flops_per_token(const PlanModel& m, int64_t seq) {
-  if (!m.is_moe()) return spec::model_flops_per_token(m.cfg, seq);
-  // Same convention as spec::model_flops_per_token, with the active parameters only.
-  ParamCounts p = count_params(m);
-  const auto& c = m.cfg;
-  double dense = static_cast<double>(p.active - p.embedding - p.lm_head + c.vocab_size * c.d_model);
-  return 6.0 * dense + 6.0 * static_cast<double>(c.n_layers * seq * c.n_heads * c.head_dim());
-}
+double flops_per_token(const PlanModel& m, int64_t seq) { return spec::model_flops_per_token(m.cfg, seq); }
 
 }  // namespace loom::plan

@@ -39,7 +39,7 @@ struct ParamCounts {
 };
 ParamCounts count_params(const PlanModel& m);
 
-// Training FLOPs per token in Loom's MFU convention (spec::model_flops_per_token for dense models; for
+// Training FLOPs per token in Loom's MFU convention (spec::model_flops_per_token; for
 // MoE only the active experts count).
 double flops_per_token(const PlanModel& m, int64_t seq);
 

@@ -526,7 +526,7 @@ void Trainer::end_moe_step(StepMetrics& s, bool applied) {
     const double mean = row[E + 1] / static_cast<double>(E);
     b.imbalance = mean > 0 ? busiest / mean : 0.0;
     b.aux_loss = row[E + 3] > 0 ? row[E + 2] / row[E + 3] : 0.0;
-    if (profile::Tracer* t = backend_.tracer()) {
+    if (profile::Tracer* t = backend_.tracer(); t && t->mode() == profile::Tracer::Mode::Full) {
       std::vector<std::pair<std::string, double>> per;
       for (int64_t e = 0; e < E; ++e) per.emplace_back("expert " + std::to_string(e), row[e]);
       t->counter(fmt::format("moe tokens per expert (block {})", b.layer), std::move(per));
@@ -541,19 +541,18 @@ void Trainer::end_moe_step(StepMetrics& s, bool applied) {
     const auto index = params_->table().index_of(name);
     if (!index) continue;  // another pipeline stage's block
     const spec::ParamSpec& p = params_->table().params()[*index];
-    std::vector<float> bias(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-      const spec::ArenaRange el{p.offset + e, p.offset + e + 1};
-      bool mine = held.empty();
-      for (const auto& h : held) mine |= h.begin <= el.begin && el.end <= h.end;
-      if (!mine) continue;
-      float v = 0;
-      params_->read_f32(el.begin, 1, &v);
-      const double gap = mean - row[e];
-      v += static_cast<float>(mc.moe.bias_update_rate) * static_cast<float>((gap > 0) - (gap < 0));
-      params_->write_f32(el.begin, 1, &v);
-      params_->refresh_lowp(std::vector<spec::ArenaRange>{el});
+    const std::vector<spec::ArenaRange> whole{{p.offset, p.offset + E}};
+    const auto mine = held.empty() ? whole : spec::intersect(whole, held);
+    for (const auto& r : mine) {
+      std::vector<float> v(static_cast<size_t>(r.size()));
+      params_->read_f32(r.begin, r.size(), v.data());
+      for (int64_t i = 0; i < r.size(); ++i) {
+        const double gap = mean - row[r.begin - p.offset + i];
+        v[static_cast<size_t>(i)] += static_cast<float>(mc.moe.bias_update_rate) * static_cast<float>((gap > 0) - (gap < 0));
+      }
+      params_->write_f32(r.begin, r.size(), v.data());
     }
+    if (!mine.empty()) params_->refresh_lowp(mine);  // (an empty list would mean every element)
   }
 }
 
