@@ -205,7 +205,11 @@ TEST(PipelineCli, Bf16RunsSendBf16AcrossStagesUnlessAskedForF32) {
   auto r16 = run_loom("run -n 2 -- loom train " + common +
                       " --set parallel.pp=2 --set train.out_dir=" + (bf / "out").string());
   ASSERT_EQ(r16.rc, 0) << r16.err;
-  EXPECT_LT(max_rel_diff(losses(one / "out"), losses(f32 / "out")), 1e-6);
+  // (Not bitwise: one rank runs 2 threads, each stage 1. Where the CPU has no bf16 instructions the bf16
+  // GEMMs are f32 GEMMs of bf16-rounded inputs, whose sums split by thread count round a few activations
+  // to the other bf16 neighbour: 4.6e-6 on an AVX2-only EPYC, under 1e-6 with AVX512-BF16.)
+  const double f32_wire = max_rel_diff(losses(one / "out"), losses(f32 / "out"));
+  EXPECT_LT(f32_wire, 2e-5);
   const double moved = max_rel_diff(losses(one / "out"), losses(bf / "out"));
   EXPECT_GT(moved, 0.0);
   EXPECT_LT(moved, 1e-2);

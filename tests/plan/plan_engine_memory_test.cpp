@@ -57,6 +57,15 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       // expert parallelism: each rank holds experts / ep, and the expert side rows for ep x its own
       {"tiny-moe", "fp32", 2, 0, 8, 2, 1, false, " --set parallel.ep=2"},
       {"tiny-moe", "bf16", 4, 0, 8, 2, 1, false, " --set parallel.ep=2 --set train.recompute=full"},
+      // ZeRO under expert parallelism: the experts sharded over the expert replicas (2 of them; 1 at
+      // ep = dp), the rest over every replica; shared experts and dense blocks between the MoE ones
+      // (ZeRO-1 there: under ZeRO-2/3 blocks of different sizes make the scratch an upper bound)
+      {"tiny-moe", "bf16", 4, 3, 8, 2, 1, false, " --set parallel.ep=2"},
+      {"tiny-moe", "fp32", 4, 2, 8, 2, 1, false, " --set parallel.ep=2 --set model.moe.shared_experts=1"},
+      {"tiny-moe", "bf16", 4, 1, 8, 2, 1, false,
+       " --set parallel.ep=2 --set model.moe.shared_experts=1 --set model.moe.every=2"},
+      {"tiny-moe", "bf16", 2, 1, 8, 2, 1, false, " --set parallel.ep=2"},
+      {"tiny-moe", "bf16-pure", 2, 3, 8, 2, 1, false, " --set parallel.ep=2"},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");

@@ -1,5 +1,6 @@
 #include "loom/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -89,13 +90,23 @@ spec::ParamTable flat_along_dp(spec::ParamTable t) {
 
 // ZeRO 1-3 over the dp group: the optimizer state (1), the gradients (2) and the weights (3) are
 // sharded unit by unit (every tensor Shard(flat) along dp; spec::zero_shard_plan); ZeroEngine moves
-// the pieces.
+// the pieces. Under expert parallelism the routed experts' part of each unit is sharded by a second
+// engine over the expert replicas (the ranks holding the same experts), the rest over every replica
+// (spec::zero_shard_plans): each element still has exactly one owner among all the ranks.
 class Zero final : public DataParallel {
  public:
   Zero(comm::ProcessGroup& dp, const DataParallelSetup& s, Allocator& alloc, profile::Tracer* tracer)
       : DataParallel(s.table->total_numel()), dp_(dp), table_(flat_along_dp(*s.table)), L_(s.n_layers),
-        stage_(s.zero_stage), bf16_(s.bf16), bf16_only_(s.bf16_only), release_(s.release), alloc_(alloc), tracer_(tracer),
-        plan_(spec::zero_shard_plan(table_, s.n_layers, dp.size())) {}
+        stage_(s.zero_stage), bf16_(s.bf16), bf16_only_(s.bf16_only), release_(s.release), alloc_(alloc), tracer_(tracer) {
+    if (s.experts_split) {
+      if (!s.expert_replicas) throw Error("internal: ZeRO under expert parallelism needs the expert replicas' group");
+      auto plans = spec::zero_shard_plans(table_, s.n_layers, dp.size(), s.expert_replicas->size());
+      parts_.push_back({&dp, std::move(plans.rest), nullptr});
+      parts_.push_back({s.expert_replicas, std::move(plans.experts), nullptr});
+    } else {
+      parts_.push_back({&dp, spec::zero_shard_plan(table_, s.n_layers, dp.size()), nullptr});
+    }
+  }
 
   int size() const override { return dp_.size(); }
   int rank() const override { return dp_.rank(); }
@@ -117,9 +128,9 @@ class Zero final : public DataParallel {
     }
     return n;
   }
-  std::vector<spec::ArenaRange> optimizer_pieces() const override { return plan_.pieces(dp_.rank()); }
+  std::vector<spec::ArenaRange> optimizer_pieces() const override { return pieces(); }
   std::vector<spec::ArenaRange> weights_held() const override {
-    return stage_ == 3 ? plan_.pieces(dp_.rank()) : std::vector<spec::ArenaRange>{};
+    return stage_ == 3 ? pieces() : std::vector<spec::ArenaRange>{};
   }
   void attach(const ZeroArenas& a) override {
     DataParallel::attach(a);
@@ -129,14 +140,16 @@ class Zero final : public DataParallel {
       if (!p.gemm_only && !bf16_only_) f32_read.push_back({p.offset, p.offset + p.numel()});
     ZeroArenas arenas = a;
     arenas.release = release_;
-    zero_ = std::make_unique<ZeroEngine>(plan_, stage_, arenas, std::move(f32_read), dp_, alloc_, tracer_);
-    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: initialised whole, kept sharded
+    for (Part& p : parts_) {
+      p.engine = std::make_unique<ZeroEngine>(p.plan, stage_, arenas, f32_read, *p.group, alloc_, tracer_);
+      p.engine->drop_unowned_masters();  // ZeRO-1/2 in bf16: initialised whole, kept sharded
+    }
   }
 
   void begin_step() override {
     // ZeRO-2/3 keep no full gradient: only this rank's pieces accumulate across micro-batches.
     if (stage_ >= 2)
-      zero_->zero_owned_grads();
+      each([](ZeroEngine& z) { z.zero_owned_grads(); });
     else
       DataParallel::begin_step();
   }
@@ -153,78 +166,94 @@ class Zero final : public DataParallel {
     if (unit < 0) {
       // The embeddings and the head (tied or not) are used at both ends of the pass: gather them first,
       // with block 0 right behind.
-      zero_->require(plan_unit(-1));
-      zero_->prefetch(tail);
-      zero_->prefetch(plan_unit(0));
+      each([&](ZeroEngine& z) {
+        z.require(plan_unit(-1));
+        z.prefetch(tail);
+        z.prefetch(plan_unit(0));
+      });
     } else if (unit < L_) {
-      zero_->require(plan_unit(unit));
-      if (unit + 1 < L_) zero_->prefetch(plan_unit(unit + 1));
+      each([&](ZeroEngine& z) {
+        z.require(plan_unit(unit));
+        if (unit + 1 < L_) z.prefetch(plan_unit(unit + 1));
+      });
     } else {
-      zero_->require(tail);
+      each([&](ZeroEngine& z) { z.require(tail); });
     }
   }
   void after_forward(int64_t unit) override {
     if (stage_ != 3) return;
-    // The last block is needed again at once by backward: keep it instead of gathering it twice.
-    if (unit >= 0 && unit < L_ && !(training_ && unit == L_ - 1)) zero_->release(plan_unit(unit));
-    if (unit == L_ && !training_) {
-      zero_->release(plan_unit(-1));
-      zero_->release(plan_unit(L_));
-    }
+    each([&](ZeroEngine& z) {
+      // The last block is needed again at once by backward: keep it instead of gathering it twice.
+      if (unit >= 0 && unit < L_ && !(training_ && unit == L_ - 1)) z.release(plan_unit(unit));
+      if (unit == L_ && !training_) {
+        z.release(plan_unit(-1));
+        z.release(plan_unit(L_));
+      }
+    });
   }
   void before_backward(int64_t unit) override {
-    if (stage_ == 3) {
-      if (unit == L_) {
-        if (L_ > 0) zero_->prefetch(plan_unit(L_ - 1));
-      } else if (unit >= 0) {
-        zero_->require(plan_unit(unit));
-        if (unit > 0) zero_->prefetch(plan_unit(unit - 1));
+    each([&](ZeroEngine& z) {
+      if (stage_ == 3) {
+        if (unit == L_) {
+          if (L_ > 0) z.prefetch(plan_unit(L_ - 1));
+        } else if (unit >= 0) {
+          z.require(plan_unit(unit));
+          if (unit > 0) z.prefetch(plan_unit(unit - 1));
+        }
       }
-    }
-    if (stage_ >= 2) {
-      // A tied head adds into the embedding gradient from the first unit of backward on.
-      if (unit == L_) {
-        zero_->zero_unit_grads(plan_unit(L_));
-        zero_->zero_unit_grads(plan_unit(-1));
-      } else if (unit >= 0) {
-        zero_->zero_unit_grads(plan_unit(unit));
+      if (stage_ >= 2) {
+        // A tied head adds into the embedding gradient from the first unit of backward on.
+        if (unit == L_) {
+          z.zero_unit_grads(plan_unit(L_));
+          z.zero_unit_grads(plan_unit(-1));
+        } else if (unit >= 0) {
+          z.zero_unit_grads(plan_unit(unit));
+        }
       }
-    }
+    });
   }
   void after_backward(int64_t unit) override {
+    const size_t u = plan_unit(unit);
     if (reduce_) {
-      const size_t u = plan_unit(unit);
-      zero_->reduce_unit(u);
+      each([&](ZeroEngine& z) { z.reduce_unit(u); });
       if (stage_ >= 2) {
         // One unit's reduction overlaps the next unit's backward; then its pages go back.
-        if (reducing_) zero_->finish_unit(*reducing_);
+        if (reducing_) each([&](ZeroEngine& z) { z.finish_unit(*reducing_); });
         reducing_ = u;
         if (unit < 0) {
-          zero_->finish_all();
+          each([](ZeroEngine& z) { z.finish_all(); });
           reducing_.reset();
         }
       }
     }
     if (stage_ == 3) {
-      if (unit >= 0 && unit < L_) zero_->release(plan_unit(unit));
-      if (unit < 0) {
-        zero_->release(plan_unit(-1));
-        zero_->release(plan_unit(L_));
-      }
+      each([&](ZeroEngine& z) {
+        if (unit >= 0 && unit < L_) z.release(u);
+        if (unit < 0) {
+          z.release(plan_unit(-1));
+          z.release(plan_unit(L_));
+        }
+      });
     }
   }
-  void finish_gradients() override { zero_->finish_all(); }
-  std::vector<spec::ArenaRange> gradient_pieces() const override { return plan_.pieces(dp_.rank()); }
+  void finish_gradients() override {
+    each([](ZeroEngine& z) { z.finish_all(); });
+  }
+  std::vector<spec::ArenaRange> gradient_pieces() const override { return pieces(); }
   bool gradients_sharded() const override { return true; }
   bool after_optimizer_step() override {
     // ZeRO-1/2: each rank updated its pieces of the weights; every replica needs all of them. (ZeRO-3
     // gathers each unit when the next forward reaches it.)
     if (stage_ == 3) return false;
-    zero_->all_gather_masters();
-    return !zero_->masters_sharded();
+    each([](ZeroEngine& z) { z.all_gather_masters(); });
+    return !parts_.front().engine->masters_sharded();
   }
 
   void gather_full_state(const float* m, const float* v, Allocator& alloc) override {
+    // Whole-model checkpoints gather onto one rank, which under expert parallelism holds only its own
+    // experts: the run configuration allows only sharded checkpoints there.
+    if (parts_.size() > 1) throw Error("internal: a whole-model checkpoint of an expert-parallel ZeRO run");
+    const spec::ShardPlan& plan = parts_.front().plan;
     const int me = dp_.rank();
     std::vector<comm::Work> works;
     if (me == 0) {
@@ -232,25 +261,25 @@ class Zero final : public DataParallel {
       gathered_v_ = Tensor::empty({table_total_}, DType::F32, alloc, MemCategory::Optimizer);
     }
     // Point to point to dp rank 0, unit by unit: the other ranks need no memory for the save.
-    for (size_t u = 0; u < plan_.units(); ++u) {
+    for (size_t u = 0; u < plan.units(); ++u) {
       const uint64_t tag = kMomentsTag + 2 * u;
       if (me != 0) {
-        const auto n = static_cast<size_t>(plan_.piece(u, me).size());
-        const int64_t local = plan_.local_offset(u, me);
+        const auto n = static_cast<size_t>(plan.piece(u, me).size());
+        const int64_t local = plan.local_offset(u, me);
         if (n == 0) continue;
         works.push_back(dp_.send(m + local, n, DType::F32, 0, tag));
         works.push_back(dp_.send(v + local, n, DType::F32, 0, tag + 1));
         continue;
       }
       for (int r = 0; r < dp_.size(); ++r) {
-        const auto p = plan_.piece(u, r);
+        const auto p = plan.piece(u, r);
         if (p.size() == 0) continue;
         float* gm = gathered_m_.data<float>() + p.begin;
         float* gv = gathered_v_.data<float>() + p.begin;
         const auto n = static_cast<size_t>(p.size());
         if (r == 0) {
-          std::memcpy(gm, m + plan_.local_offset(u, 0), n * sizeof(float));
-          std::memcpy(gv, v + plan_.local_offset(u, 0), n * sizeof(float));
+          std::memcpy(gm, m + plan.local_offset(u, 0), n * sizeof(float));
+          std::memcpy(gv, v + plan.local_offset(u, 0), n * sizeof(float));
           continue;
         }
         works.push_back(dp_.recv(gm, n, DType::F32, r, tag));
@@ -258,7 +287,7 @@ class Zero final : public DataParallel {
       }
     }
     for (auto& w : works) w.wait();
-    zero_->gather_full_masters(0);  // where the masters are sharded (ZeRO-3; ZeRO-1/2 in bf16)
+    parts_.front().engine->gather_full_masters(0);  // where the masters are sharded (ZeRO-3; ZeRO-1/2 in bf16)
   }
   Moments full_moments(const float*, const float*) const override {
     if (!gathered_m_.numel()) throw Error("internal: a ZeRO checkpoint needs gather_full_state() on every rank first");
@@ -266,25 +295,58 @@ class Zero final : public DataParallel {
   }
   void release_full_state() override {
     gathered_m_ = gathered_v_ = Tensor();
-    zero_->release_all();
+    each([](ZeroEngine& z) { z.release_all(); });
   }
   void weights_changed() override {
-    zero_->release_all();
-    zero_->drop_unowned_masters();  // ZeRO-1/2 in bf16: loaded whole, kept sharded
+    each([](ZeroEngine& z) {
+      z.release_all();
+      z.drop_unowned_masters();  // ZeRO-1/2 in bf16: loaded whole, kept sharded
+    });
   }
   // ZeRO-3 replicates no state (every rank holds different pieces); under ZeRO-1/2 the moments are
   // pieces, different by design: only the weights must agree (the bf16 copies where the f32 masters
-  // are sharded too).
+  // are sharded too). Under expert parallelism the replicas hold different experts: nothing to compare.
   ReplicatedState replicated() const override {
-    if (stage_ == 3) return {};
-    return {true, zero_->masters_sharded(), false};
+    if (stage_ == 3 || parts_.size() > 1) return {};
+    return {true, parts_.front().engine->masters_sharded(), false};
   }
-  double wait_seconds() const override { return zero_->wait_seconds(); }
-  double comm_cpu_seconds() const override { return dp_.stats().comm_cpu_seconds; }
+  double wait_seconds() const override {
+    double s = 0;
+    for (const Part& p : parts_) s += p.engine->wait_seconds();
+    return s;
+  }
+  double comm_cpu_seconds() const override {
+    double s = 0;
+    for (const Part& p : parts_) s += p.group->stats().comm_cpu_seconds;
+    return s;
+  }
 
  private:
   // ShardPlan unit of a model unit: embeddings 0, block l l+1, final norm + head n_layers+1.
   size_t plan_unit(int64_t unit) const { return static_cast<size_t>(unit + 1); }
+  template <class F>
+  void each(F&& f) {
+    for (Part& p : parts_) f(*p.engine);
+  }
+  // This rank's pieces of every part, in arena order (how the optimizer lays out its moments).
+  std::vector<spec::ArenaRange> pieces() const {
+    std::vector<spec::ArenaRange> out;
+    for (const Part& p : parts_) {
+      const auto mine = p.plan.pieces(p.group->rank());
+      out.insert(out.end(), mine.begin(), mine.end());
+    }
+    if (parts_.size() > 1)
+      std::stable_sort(out.begin(), out.end(),
+                       [](const spec::ArenaRange& a, const spec::ArenaRange& b) { return a.begin < b.begin; });
+    return out;
+  }
+
+  // One sharding: a plan over a group and the engine that moves its pieces.
+  struct Part {
+    comm::ProcessGroup* group;
+    spec::ShardPlan plan;
+    std::unique_ptr<ZeroEngine> engine;
+  };
 
   comm::ProcessGroup& dp_;
   spec::ParamTable table_;
@@ -294,8 +356,7 @@ class Zero final : public DataParallel {
   PageReservation::Release release_;
   Allocator& alloc_;
   profile::Tracer* tracer_;
-  spec::ShardPlan plan_;
-  std::unique_ptr<ZeroEngine> zero_;
+  std::vector<Part> parts_;  // every replica's; then, under expert parallelism, the experts'
   bool training_ = true, reduce_ = false;
   std::optional<size_t> reducing_;  // ZeRO-2/3: the unit whose reduction overlaps the current backward
   Tensor gathered_m_, gathered_v_;   // full moments on dp rank 0 while a checkpoint is saved

@@ -27,8 +27,9 @@ struct DataParallelSetup {
   int zero_stage = 0;                        // 0 (DDP) .. 3; alone every stage is the plain run
   size_t bucket_bytes = 4 << 20;             // DDP: gradient bytes per all-reduce (0: one after backward)
   PageReservation::Release release = PageReservation::Release::Lazy;  // ZeRO-2/3 page give-back
-  // Expert parallelism (DDP only): the routed experts' weights (spec::expert_ranges) are reduced over
-  // the ranks holding the same experts instead of every replica (nullptr: none besides this one).
+  // Expert parallelism: the routed experts' weights (spec::expert_ranges) are reduced over (and under
+  // ZeRO sharded over) the ranks holding the same experts instead of every replica (a group of one
+  // where no other rank holds them).
   bool experts_split = false;
   comm::ProcessGroup* expert_replicas = nullptr;
 };

@@ -29,7 +29,7 @@ void GradBuckets::ready_from(int64_t first) {
   while (next_ < bounds_.size() && bounds_[next_].first >= first) {
     const auto [lo, hi, expert] = bounds_[next_++];
     comm::ProcessGroup* group = expert ? expert_replicas_ : &dp_;
-    if (!group) continue;  // experts no other rank holds
+    if (!group || group->size() == 1) continue;  // experts no other rank holds
     in_flight_.push_back(
         group->all_reduce(grads_ + lo, grads_ + lo, static_cast<size_t>(hi - lo), DType::F32, comm::ReduceOp::kSum));
   }

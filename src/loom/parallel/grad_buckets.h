@@ -19,8 +19,8 @@ namespace loom::parallel {
 class GradBuckets {
  public:
   // bucket_bytes = 0: one bucket, reduced when the whole gradient is final (no overlap).
-  // experts_split: the table's expert weights (ParamSpec::expert) reduce over `expert_replicas` (nullptr:
-  // no other rank holds them -- nothing to reduce).
+  // experts_split: the table's expert weights (ParamSpec::expert) reduce over `expert_replicas` (nullptr
+  // or a group of one: no other rank holds them -- nothing to reduce).
   GradBuckets(const spec::ParamTable& table, float* grads, comm::ProcessGroup& dp, size_t bucket_bytes,
               bool experts_split = false, comm::ProcessGroup* expert_replicas = nullptr);
 

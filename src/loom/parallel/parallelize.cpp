@@ -64,9 +64,10 @@ Parallelism parallelize(const Mesh* mesh, kernels::Backend& backend, TensorParal
       p.ep = p.dp;
     } else {
       p.owned_ep = p.dp->split(r / ep, r % ep);
-      p.owned_expert_replicas = p.dp->split(r % ep, r / ep);
-      p.ep = p.owned_ep.get(), p.expert_replicas = p.owned_expert_replicas.get();
+      p.ep = p.owned_ep.get();
     }
+    p.owned_expert_replicas = p.dp->split(r % ep, r / ep);  // of one rank when ep = replicas
+    p.expert_replicas = p.owned_expert_replicas.get();
     p.shard.ep_rank = p.ep->rank(), p.shard.ep_size = ep;
     p.experts = std::make_unique<ExpertParallelExchange>(backend, *p.ep);
   }

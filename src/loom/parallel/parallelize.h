@@ -34,7 +34,8 @@ struct Parallelism {
   std::unique_ptr<kernels::AttentionOps> attention;  // where the attention core runs (cp group or here)
   // Expert parallelism: ep consecutive replicas split every MoE block's experts (`ep`, nullptr when
   // ep = 1); `expert_replicas` are the ranks holding the same experts, one per ep group, over which the
-  // experts' gradients are reduced (nullptr when ep = dp). `experts`: how rows reach their expert.
+  // experts' gradients are reduced and ZeRO shards their state (a group of one when ep = dp).
+  // `experts`: how rows reach their expert.
   comm::ProcessGroup* ep = nullptr;
   comm::ProcessGroup* expert_replicas = nullptr;
   std::unique_ptr<comm::ProcessGroup> owned_ep, owned_expert_replicas;

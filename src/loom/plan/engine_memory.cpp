@@ -25,22 +25,33 @@ struct Unit {
   int64_t owned() const { return rank0.size(); }
 };
 
-std::vector<Unit> units_of(spec::ParamTable table, int64_t n_layers, int dp) {
+// ZeRO's units, per sharding: one over the replicas, and under expert parallelism a second for the
+// routed experts over the ranks holding the same experts (spec::zero_shard_plans).
+std::vector<std::vector<Unit>> units_of(spec::ParamTable table, int64_t n_layers, int dp, int ep) {
   table.shard_flat_along(spec::MeshAxis::DP);  // as the engine's ZeRO strategy does
-  const spec::ShardPlan plan = spec::zero_shard_plan(table, n_layers, dp);
+  std::vector<spec::ShardPlan> plans;
+  if (ep > 1) {
+    auto both = spec::zero_shard_plans(table, n_layers, dp, dp / ep);
+    plans = {std::move(both.rest), std::move(both.experts)};
+  } else {
+    plans = {spec::zero_shard_plan(table, n_layers, dp)};
+  }
   auto f32_in = [&](const ArenaRange& r) {
     int64_t n = 0;
     for (const auto& p : table.params())
       if (!p.gemm_only) n += std::max<int64_t>(0, std::min(p.offset + p.numel(), r.end) - std::max(p.offset, r.begin));
     return n;
   };
-  std::vector<Unit> units;
-  for (size_t u = 0; u < plan.units(); ++u) {
-    Unit x{plan.unit(u), plan.piece(u, 0)};
-    x.f32_read = f32_in(x.range), x.f32_read_owned = f32_in(x.rank0);
-    units.push_back(x);
+  std::vector<std::vector<Unit>> parts;
+  for (const auto& plan : plans) {
+    auto& units = parts.emplace_back();
+    for (size_t u = 0; u < plan.units(); ++u) {
+      Unit x{plan.unit(u), plan.piece(u, 0)};
+      x.f32_read = f32_in(x.range), x.f32_read_owned = f32_in(x.rank0);
+      units.push_back(x);
+    }
   }
-  return units;
+  return parts;
 }
 
 // Which of the model's pieces a rank's activations cover: its chunks' blocks, the embeddings, the head.
@@ -207,9 +218,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   if (l.ep != 1 && (!cfg.moe.enabled() || cfg.moe.experts % l.ep != 0 || l.dp % l.ep != 0))
     throw ConfigError("Loom's engine runs expert parallelism over ep ranks dividing dp and a mixture of experts' "
                       "experts, not " + l.str());
-  if (cfg.moe.enabled() && (l.tp > 1 || l.cp > 1 || l.schedule == Schedule::ZeroBubble || (l.ep > 1 && l.zero > 0)))
-    throw ConfigError("Loom's engine runs mixture-of-experts blocks without tp, cp or zb-h1, and expert parallelism "
-                      "with ZeRO 0, not " + l.str());
+  if (cfg.moe.enabled() && (l.tp > 1 || l.cp > 1 || l.schedule == Schedule::ZeroBubble))
+    throw ConfigError("Loom's engine runs mixture-of-experts blocks without tp, cp or zb-h1, not " + l.str());
   if (seq % (2 * l.cp) != 0)
     throw ConfigError("context parallelism at cp = " + std::to_string(l.cp) + " needs the sequence (" +
                       std::to_string(seq) + ") to split into 2 x cp chunks");
@@ -235,10 +245,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   const auto table = spec::build_param_table(cfg, shard);
   // ZeRO shards over the replicas: every rank holding the same weights, dp x cp of them.
   const int dp = l.dp * l.cp, stage = dp > 1 ? l.zero : 0;  // alone, every stage is the plain run
-  const auto units = units_of(table, cfg.n_layers, dp);
+  const auto parts = units_of(table, cfg.n_layers, dp, l.ep);
   const double total = static_cast<double>(table.total_numel());
-  double owned = 0;
-  for (const auto& u : units) owned += static_cast<double>(u.owned());
   const double weight_bytes = only ? 2 : 4 + (bf16 ? 2 : 0);  // f32 master (+ bf16 copy), or bf16 alone
 
   // What a gathered unit adds on rank 0 (the other ranks' elements), for weights and for gradients.
@@ -249,31 +257,40 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
     return others * 2 + static_cast<double>(u.f32_read - u.f32_read_owned) * 4;  // bf16 copies + exact f32
   };
   auto gathered_grads = [&](const Unit& u) { return static_cast<double>(u.size() - u.owned()) * 4; };
-  const Unit& embed = units.front();
-  const Unit& head = units.back();
-  double largest_block = 0, largest_block_grads = 0;
-  for (size_t i = 1; i + 1 < units.size(); ++i) {
-    largest_block = std::max(largest_block, gathered_weights(units[i]));
-    largest_block_grads = std::max(largest_block_grads, gathered_grads(units[i]));
-  }
 
   EngineMemory m;
-  // ZeRO-3 holds the embeddings and head for the whole micro-batch and two blocks at a time (one in
-  // use, the next prefetched). ZeRO-1/2 in bf16 keep the bf16 copies whole and, of the f32 masters,
-  // this rank's pieces and every element read in f32.
-  double f32_others = 0;
-  for (const auto& u : units) f32_others += static_cast<double>(u.f32_read - u.f32_read_owned);
+  // Each sharding (one engine each) on its own: ZeRO-3 holds the embeddings and head for the whole
+  // micro-batch and two blocks at a time (one in use, the next prefetched). ZeRO-1/2 in bf16 keep the
+  // bf16 copies whole and, of the f32 masters, this rank's pieces and every element read in f32.
+  // ZeRO-2/3 keep the embedding gradient for all of backward, and two other units' scratch: the one in
+  // backward and the one whose reduction is still landing (the head's at first). An engine keeps what
+  // one unit gives back for the next (its page pool, or two slots), so per engine the largest two units
+  // count, whichever blocks they are: exact for alike blocks, an upper bound where dense and MoE blocks
+  // alternate (ZeRO-2 fp32, dp 4 x ep 2, every = 2: gradients 15% over).
+  double owned = 0, f32_kept = 0, zero3_weights = 0, zero_grads = 0;
+  for (const auto& units : parts) {
+    const Unit &embed = units.front(), &head = units.back();
+    double largest_block = 0, largest_block_grads = 0, part_owned = 0;
+    for (size_t i = 1; i + 1 < units.size(); ++i) {
+      largest_block = std::max(largest_block, gathered_weights(units[i]));
+      largest_block_grads = std::max(largest_block_grads, gathered_grads(units[i]));
+    }
+    for (const auto& u : units) {
+      part_owned += static_cast<double>(u.owned());
+      f32_kept += static_cast<double>(u.owned() + u.f32_read - u.f32_read_owned);
+    }
+    owned += part_owned;
+    zero3_weights += part_owned * weight_bytes + gathered_weights(embed) + gathered_weights(head) + 2 * largest_block;
+    zero_grads += part_owned * 4 + gathered_grads(embed) +
+                  std::max(gathered_grads(head) + largest_block_grads, 2 * largest_block_grads);
+  }
   if (stage == 3)
-    m.parameters = owned * weight_bytes + gathered_weights(embed) + gathered_weights(head) + 2 * largest_block;
+    m.parameters = zero3_weights;
   else if (stage >= 1 && bf16 && !only)
-    m.parameters = total * 2 + (owned + f32_others) * 4;
+    m.parameters = total * 2 + f32_kept * 4;
   else
     m.parameters = total * weight_bytes;
-  // ZeRO-2/3 keep the embedding gradient for all of backward, and two other units' scratch: the one in
-  // backward and the one whose reduction is still landing (the head's at first).
-  m.gradients = stage >= 2 ? owned * 4 + gathered_grads(embed) +
-                                 std::max(gathered_grads(head) + largest_block_grads, 2 * largest_block_grads)
-                           : total * 4;
+  m.gradients = stage >= 2 ? zero_grads : total * 4;
   m.optimizer = (stage >= 1 ? owned : total) * (only ? 4 : 8);  // AdamW m and v in f32 (bf16-pure: bf16)
   const bool sp = l.sp && l.tp > 1;
   // Each rank's contexts hold its seq / cp tokens of every sample.

@@ -112,9 +112,6 @@ Verdict check_layout(const Layout& l, const Job& j) {
                                         recompute_name(*j.software.recompute))};
   if (j.software.loom_engine && j.model.is_moe() && (l.tp > 1 || l.cp > 1 || l.schedule == Schedule::ZeroBubble))
     return {Reject::Engine, "Loom's engine runs mixture-of-experts blocks without tp, cp or the zero-bubble schedule"};
-  if (j.software.loom_engine && l.ep > 1 && l.zero > 0)
-    return {Reject::Engine, "Loom's engine runs expert parallelism with ZeRO 0 (the experts' gradients reduce over "
-                            "their own group, which ZeRO's shards do not follow)"};
   if (l.cp_all_to_all && !j.software.loom_engine)
     return {Reject::Engine, fmt::format("the software profile {} is priced with the ring's point-to-point context "
                                         "parallelism; cp_mode=all-to-all is priced for Loom's engine (--software loom)",

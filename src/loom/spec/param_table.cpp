@@ -43,6 +43,9 @@ std::vector<int64_t> ParamTable::block_starts(int64_t n_layers) const {
     }
   }
   starts[n_layers] = blocks_end;
+  // A block this shard does not hold (another pipeline stage's) is empty where the next one starts, so
+  // the units between held blocks stay each their own (ZeRO's units, the checkpoint's split).
+  for (int64_t l = n_layers - 1; l >= 0; --l) starts[l] = std::min(starts[l], starts[l + 1]);
   return starts;
 }
 
@@ -203,9 +206,9 @@ ParamSpec vec(std::string name, int64_t n, Init::Kind kind, Placement placement 
   return p;
 }
 
-// A mixture-of-experts MLP (Mixtral's names under `prefix`): the router, then per expert its gate (w1),
-// up (w3) and down (w2) projections, so each expert's gate|up rows are adjacent (one GEMM) and each
-// expert's weights one contiguous piece of the arena; then the shared experts' SwiGLU MLP.
+// A mixture-of-experts MLP (Mixtral's names under `prefix`): the router, the shared experts' SwiGLU MLP,
+// then per routed expert its gate (w1), up (w3) and down (w2) projections, so each expert's gate|up rows
+// are adjacent (one GEMM) and each expert's weights one contiguous piece of the arena.
 void add_moe(ParamTable& t, const TransformerConfig& c, const std::string& prefix, float resid_std) {
   const int64_t C = c.d_model, Fe = c.expert_width(), E = c.moe.experts;
   // The router runs in f32 in every precision (a bf16 rounding of its scores would flip near-tied
@@ -215,6 +218,14 @@ void add_moe(ParamTable& t, const TransformerConfig& c, const std::string& prefi
   // is zero, so AdamW leaves it alone -- but moved by the trainer after each step, and a weight like any
   // other for checkpoints, layouts and export.
   if (c.moe.bias_update_rate > 0) t.add(vec(prefix + "gate.e_score_correction_bias", E, Init::Kind::Zeros));
+  if (c.moe.shared_experts > 0) {
+    const int64_t Fs = c.moe.shared_experts * Fe;
+    t.add(linear(prefix + "shared_experts.gate_proj.weight", Fs, C, c.init_std, Placement::replicate()));
+    t.add(linear(prefix + "shared_experts.up_proj.weight", Fs, C, c.init_std, Placement::replicate()));
+    t.add(linear(prefix + "shared_experts.down_proj.weight", C, Fs, resid_std, Placement::replicate()));
+  }
+  // The routed experts come last in the block: ZeRO shards them over other ranks than the rest
+  // (spec::zero_shard_plans), one range per block.
   const auto [first, last] = local_experts(c, t.shard());
   for (int64_t e = first; e < last; ++e) {
     const std::string x = prefix + "experts." + std::to_string(e) + ".";
@@ -224,12 +235,6 @@ void add_moe(ParamTable& t, const TransformerConfig& c, const std::string& prefi
       p.expert = true;
       t.add(std::move(p));
     }
-  }
-  if (c.moe.shared_experts > 0) {
-    const int64_t Fs = c.moe.shared_experts * Fe;
-    t.add(linear(prefix + "shared_experts.gate_proj.weight", Fs, C, c.init_std, Placement::replicate()));
-    t.add(linear(prefix + "shared_experts.up_proj.weight", Fs, C, c.init_std, Placement::replicate()));
-    t.add(linear(prefix + "shared_experts.down_proj.weight", C, Fs, resid_std, Placement::replicate()));
   }
 }
 

@@ -87,7 +87,8 @@ class ParamTable {
   const ParamSpec& at(const std::string& name) const;  // throws ConfigError naming the tensor
   // Arena offsets where each transformer block's parameters start, plus (last entry) where the
   // parameters after the blocks start (final norm, untied head): n_layers + 1 entries. Backward makes
-  // gradients final block by block from the end, so these are the gradient-readiness boundaries.
+  // gradients final block by block from the end, so these are the gradient-readiness boundaries. A
+  // block the shard does not hold starts (empty) where the next held one does.
   std::vector<int64_t> block_starts(int64_t n_layers) const;
   std::optional<size_t> index_of(const std::string& name) const;
 

@@ -20,13 +20,16 @@ class ShardPlan {
   // chunk = size / dp, and the last rank also the remainder (fewer than dp elements), so the equal part
   // is one reduce-scatter and the remainder one small all-reduce.
   ShardPlan(std::vector<int64_t> bounds, int dp);
+  // Units given as ranges, ascending and apart, with gaps allowed: the parts of the arena some other
+  // plan shards (expert parallelism: the routed experts over the expert replicas, the rest over dp).
+  ShardPlan(std::vector<ArenaRange> units, int dp);
 
-  size_t units() const { return bounds_.size() - 1; }
+  size_t units() const { return units_.size(); }
   int dp() const { return dp_; }
-  ArenaRange unit(size_t u) const { return {bounds_[u], bounds_[u + 1]}; }
+  ArenaRange unit(size_t u) const { return units_[u]; }
   int64_t chunk(size_t u) const { return unit(u).size() / dp_; }
   // Elements after the dp equal chunks (owned by the last rank).
-  ArenaRange remainder(size_t u) const { return {bounds_[u] + chunk(u) * dp_, bounds_[u + 1]}; }
+  ArenaRange remainder(size_t u) const { return {units_[u].begin + chunk(u) * dp_, units_[u].end}; }
   // The arena range rank r owns in unit u.
   ArenaRange piece(size_t u, int rank) const;
   // Elements of unit u each rank owns (for all_gather_v).
@@ -39,13 +42,22 @@ class ShardPlan {
   int64_t largest_unit() const;
 
  private:
-  std::vector<int64_t> bounds_;
+  std::vector<ArenaRange> units_;
   int dp_;
 };
 
 // ZeRO's plan, derived from the table's placements: every tensor must be Shard(flat) along dp
 // (ParamTable::shard_flat_along), else ConfigError names the first that is not. Units as below.
 ShardPlan zero_shard_plan(const ParamTable& table, int64_t n_layers, int dp);
+
+// ZeRO's plans under expert parallelism, unit for unit the same units as zero_shard_plan's: the routed
+// experts' weights (ParamSpec::expert; the end of every MoE block, where the table lays them) sharded
+// over the `expert_dp` ranks holding the same experts, and everything else over the `dp` replicas. A
+// unit without experts is empty in `experts`.
+struct ZeroPlans {
+  ShardPlan rest, experts;
+};
+ZeroPlans zero_shard_plans(const ParamTable& table, int64_t n_layers, int dp, int expert_dp);
 
 // Units from the block boundaries of a parameter table (spec::ParamTable::block_starts for n_layers):
 // [0, starts[0]) embeddings, [starts[l], starts[l+1]) block l, [starts[n_layers], total) final norm

@@ -74,7 +74,9 @@ std::vector<spec::ArenaRange> saved_ranges(const spec::ParamTable& table, int64_
       if (r.size() > 0) share.push_back(r);
   }
   auto out = spec::intersect(spec::counted_ranges(table), share);
-  if (ep <= 1) return out;
+  // Under ZeRO every expert element has one owner already (sharded over the ranks holding the same
+  // experts); without it the expert replicas hold them alike and the first ep group writes them.
+  if (ep <= 1 || !optimizer_pieces.empty()) return out;
   const auto experts = spec::expert_ranges(table);
   out = spec::subtract(out, experts);
   if (dp_rank < ep) {

@@ -46,7 +46,8 @@ std::vector<SavePiece> save_pieces(const spec::ParamTable& table, const std::vec
 // ZeRO pieces (`optimizer_pieces`, non-empty under ZeRO), else the same split of the units among the
 // replicas, so every replica writes 1/dp of the state instead of rank 0 all of it.
 // Under expert parallelism over `ep` of the dp ranks, the routed experts' weights (which each ep group
-// holds one copy of) are written by the first ep group, every rank its own experts.
+// holds one copy of) are written by the first ep group, every rank its own experts; under ZeRO by the
+// rank owning each piece, like everything else.
 std::vector<spec::ArenaRange> saved_ranges(const spec::ParamTable& table, int64_t n_layers, int dp, int dp_rank,
                                            const std::vector<spec::ArenaRange>& optimizer_pieces, int ep = 1);
 

@@ -431,9 +431,6 @@ void RunConfig::validate() const {
       if (E % d == 0 && p.dp % d == 0) valid += (valid.empty() ? "" : ", ") + s(d);
     need(E % p.ep == 0, "parallel.ep = " + s(p.ep) + " does not divide model.moe.experts = " + s(E) +
                             " (each ep rank holds experts / ep of them); valid ep here: " + valid);
-    need(p.zero == 0, "parallel.ep = " + s(p.ep) + " with parallel.zero = " + s(p.zero) +
-                          " is not supported yet: the experts' gradients reduce over their own group, which ZeRO's "
-                          "shards do not follow; use parallel.zero = 0");
     need(checkpoint.format == "sharded", "parallel.ep = " + s(p.ep) + " saves sharded checkpoints only (each expert is "
                                          "held by one rank of each ep group); use checkpoint.format = \"sharded\"");
   }

@@ -642,8 +642,9 @@ double Trainer::gradient_norm() const {
     mine = rest;
   }
   double sq = grad_sum_squares(*params_, mine);
-  if (par_.ep_size() > 1) {
+  if (par_.ep_size() > 1 && !data_parallel_->gradients_sharded()) {
     // Each ep rank holds other experts: their squares add up over the ep group, the rest is replicated.
+    // (Under ZeRO each element has one owner among all the replicas: the dp sum below covers them.)
     const auto experts = spec::expert_ranges(params_->table());
     double ex = grad_sum_squares(*params_, spec::intersect(mine, experts));
     sq -= ex;
