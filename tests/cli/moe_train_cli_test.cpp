@@ -1,10 +1,12 @@
 // Mixture of experts end to end (issue 19): `[model.moe]` models train from the CLI and reproduce the
 // single-rank loss under data parallelism (DDP and ZeRO), expert parallelism (alone, with more replicas
-// than ep, with pp, under ZeRO 1-3 with the experts sharded over their own group), pipeline parallelism and recompute, in both
+// than ep, with pp, under ZeRO 1-3 with the experts sharded over their own group), tensor parallelism
+// inside the experts (with SP, ep, ZeRO and pp), pipeline parallelism and recompute, in both
 // router styles, both architectures and both precisions; each block's load reaches metrics.jsonl and the
 // trace; the auxiliary-loss-free selection bias is a weight like any other (it moves, it resumes
 // bitwise, it exports); checkpoints export under Mixtral's names and import back; generation runs from
-// an MoE checkpoint; and what the block does not combine with yet is refused in one line.
+// an MoE checkpoint, tp-sharded ones included; and what the block does not combine with yet is refused
+// in one line.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -52,6 +54,63 @@ TEST(MoeCli, VerifyPassesAcrossDataPipelineZeroAndRecomputeLayouts) {
     EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
     EXPECT_EQ(count(r.out, "PASS"), 11) << r.out;
   }
+}
+
+// Issue 19 items 2 and 4: tensor parallelism inside the experts (gate and up split by rows, down by
+// columns, the router whole; every tp rank routes the whole micro-batch), with and without sequence
+// parallelism, composed with ep, ZeRO and pp, reproduces the single-rank curve for both router styles,
+// both block styles and both precisions.
+TEST(MoeCli, TensorParallelExpertsReproduceTheSingleRankCurve) {
+  struct Model {
+    const char* sets;
+    const char* precision;
+  };
+  for (const Model& m :
+       {Model{"--set model.preset=tiny-moe", "fp32"}, Model{"--set model.preset=tiny-moe", "bf16"},
+        Model{"--set model.preset=tiny-moe --set model.moe.score=sigmoid --set model.moe.capacity_factor=1.0 "
+              "--set model.moe.shared_experts=1 --set model.moe.bias_update_rate=0.001",
+              "fp32"},
+        Model{"--set model.preset=tiny --set model.moe.experts=4 --set model.moe.top_k=1 --set model.moe.every=2 "
+              "--set model.moe.capacity_factor=1.25 --set model.moe.aux_loss_coef=0.01 --set model.moe.shared_experts=1",
+              "bf16"}}) {
+    SCOPED_TRACE(std::string(m.sets) + " " + m.precision);
+    auto r = run_loom("verify " + kTiny + "--steps 6 " + m.sets + " --set precision=" + m.precision +
+                      " --set train.batch_size=8 --set train.micro_batch_size=2 "
+                      "--layouts \"dp=1;tp=2;tp=2,sp=1;tp=4,sp=1;dp=2,tp=2,ep=2;dp=2,tp=2,sp=1,ep=2,zero=3;"
+                      "pp=2,tp=2,sp=1\"");
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("all layouts agree"));
+    EXPECT_EQ(count(r.out, "PASS"), 6) << r.out;
+  }
+}
+
+// A checkpoint of tensor-parallel experts holds whole experts: it resumes alone and at ep = 2, and
+// exports Mixtral's full-width tensors.
+TEST(MoeCli, TensorParallelExpertCheckpointsResumeAtOtherLayoutsAndExportWhole) {
+  const std::string sets = "--set model.preset=tiny-moe --set model.moe.shared_experts=1 --set train.eval_every=0 "
+                           "--set train.micro_batch_size=2";
+  auto whole = train_tiny("tpx-whole", 1, sets + " --set train.steps=8");
+  auto half = train_tiny("tpx-half", 2, sets + " --set train.steps=4 --set parallel.tp=2 "
+                                        "--set parallel.sequence_parallel=true --save-every 4");
+  const auto want = losses(whole / "out");
+  for (const auto& [ranks, layout] : {std::pair<int, std::string>{1, ""},
+                                      {2, " --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=2"}}) {
+    SCOPED_TRACE("tp = 2 checkpoint resumed with" + layout);
+    auto dir = resume_copy("tpx-r", half, ranks, sets + " --set train.steps=8" + layout);
+    const auto got = losses(dir / "out");
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
+    fs::remove_all(dir);
+  }
+  const auto exported = half / "model.safetensors";
+  auto r = run_loom("export --checkpoint " + (half / "ck").string() + " --out " + exported.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  SafetensorsFile f(exported.string());
+  EXPECT_EQ(f.at("model.layers.1.block_sparse_moe.experts.2.w1.weight").shape, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(f.at("model.layers.1.block_sparse_moe.experts.2.w2.weight").shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(f.at("model.layers.0.block_sparse_moe.shared_experts.down_proj.weight").shape,
+            (std::vector<int64_t>{64, 128}));
+  fs::remove_all(whole), fs::remove_all(half);
 }
 
 // Issue 19 item 2: ZeRO over the non-expert and the expert parameters each in their own group -- the
@@ -272,9 +331,11 @@ TEST(MoeCli, WhatTheBlockCannotRunIsRefusedInOneLine) {
   auto r = run_loom("train " + kTiny + "--set model.preset=tiny-moe --set model.moe.top_k=5");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("model.moe.top_k = 5 must be in [1, model.moe.experts = 4]"));
-  r = run_loom("run -n 2 -- loom train " + kTiny + "--set model.preset=tiny-moe --set parallel.tp=2");
+  r = run_loom("run -n 2 -- loom train " + kTiny + "--set model.preset=tiny-moe --set model.moe.d_expert=129 "
+               "--set parallel.tp=2");
   EXPECT_NE(r.rc, 0);
-  EXPECT_THAT(r.err, HasSubstr("parallel.tp = 2 is not supported yet"));
+  EXPECT_THAT(r.err, HasSubstr("parallel.tp = 2 does not divide the expert width 129"));
+  EXPECT_THAT(r.err, HasSubstr("valid tp: 1, 3"));
   r = run_loom("run -n 2 -- loom train " + kTiny + "--set model.preset=tiny-moe --set parallel.cp=2");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.err, HasSubstr("parallel.cp = 2 is not supported yet"));

@@ -66,6 +66,10 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
        " --set parallel.ep=2 --set model.moe.shared_experts=1 --set model.moe.every=2"},
       {"tiny-moe", "bf16", 2, 1, 8, 2, 1, false, " --set parallel.ep=2"},
       {"tiny-moe", "bf16-pure", 2, 3, 8, 2, 1, false, " --set parallel.ep=2"},
+      // tensor parallelism inside the experts: widths / tp, the partial sums, under SP the gathered rows
+      {"tiny-moe", "bf16", 1, 0, 8, 2, 2, true, " --set model.moe.shared_experts=1"},
+      {"tiny-moe", "fp32", 1, 0, 8, 4, 2, false},
+      {"tiny-moe", "bf16", 2, 3, 8, 2, 2, true, " --set parallel.ep=2"},
   };
   for (const Case& c : cases) {
     auto dir = scratch_dir("engine-mem");

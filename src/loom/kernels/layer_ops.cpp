@@ -19,6 +19,8 @@ void LayerOps::row_forward_add(const Tensor& y, const Tensor& x, const LinearWei
   be_.linear_forward(y, x, l.w, bias(l), true);
 }
 
+void LayerOps::add_group_sum(const Tensor& y, const Tensor& partial) { be_.add(y, y, partial); }
+
 void LayerOps::row_backward(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x) {
   be_.linear_backward(&dx, false, l.dw, dbias(l), dy, x, l.w);
 }

@@ -64,6 +64,17 @@ class LayerOps {
   void linear_backward_input(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
   void linear_backward_weight(const LinearWeights& l, const Tensor& dy, const Tensor& x);
 
+  // A mixture-of-experts MLP under tensor parallelism runs every token of the micro-batch on every rank
+  // (each holds a slice of every expert's width, and all route alike), so it needs the rows whole and
+  // sums its partial outputs itself:
+  // x [N / shards, ...] of every rank end to end into `whole` [N, ...] and returned (sequence
+  // parallelism); without it x is whole already and is returned as is.
+  virtual Tensor whole_rows(const Tensor& x, const Tensor& /*whole*/) { return x; }
+  // y [N / shards, C] += this rank's rows of partial [N, C] summed over the group (partial is clobbered).
+  virtual void add_group_sum(const Tensor& y, const Tensor& partial);
+  // t summed over the group in place (nothing to do alone).
+  virtual void sum_over_group(const Tensor& /*t*/) {}
+
   // out[N, C] = wte[tokens] (+ wpe[position]); wte holds this rank's rows of the vocabulary.
   virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe);
   virtual void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens);

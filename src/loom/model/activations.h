@@ -42,6 +42,10 @@ struct MoeScratch {
   Tensor recv_lp, recv, by_expert;
   Tensor dweight, dlogits;   // [N, k], [N, E]
   Tensor shared_d_act, shared_d_pre;  // [N, Fs], [N, 2 Fs]
+  // Tensor parallelism: this rank's partial output (forward) or input gradient (backward) [N, C], summed
+  // over the group; under sequence parallelism also the gathered inputs (f32 and GEMM precision) and
+  // output gradient [N, C].
+  Tensor partial, x_whole, x_whole_lp, dout_whole;
 };
 
 // What one transformer block saves. Names follow the block's data flow:

@@ -124,7 +124,7 @@ RopeTables make_rope_tables(const spec::TransformerConfig& cfg, Allocator& alloc
 
 BlockRunner::BlockRunner(const spec::TransformerConfig& cfg, kernels::Backend& backend, kernels::LayerOps& ops,
                          bool lowp)
-    : cfg_(cfg), be_(backend), ops_(ops), llama_(cfg.arch == spec::Arch::Llama), lowp_(lowp), moe_(cfg, backend, lowp) {}
+    : cfg_(cfg), be_(backend), ops_(ops), llama_(cfg.arch == spec::Arch::Llama), lowp_(lowp), moe_(cfg, backend, lowp, &ops) {}
 
 void BlockRunner::to_gemm_input(const Tensor& lp, const Tensor& f32) {
   if (lowp_) be_.cast(lp, f32);

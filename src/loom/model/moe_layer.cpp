@@ -10,9 +10,11 @@
 
 namespace loom::model {
 
-MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, int ep) {
-  const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
-  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * ep;
+MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc,
+                                    MoeSplit split) {
+  const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width() / split.tp;
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * split.ep;
+  const int ep = split.ep;
   auto make = [&](Shape s, DType d) { return Tensor::empty(s, d, alloc, MemCategory::Activations); };
   auto f32 = [&](Shape s) { return make(s, DType::F32); };
   const DType gemm = lowp ? DType::BF16 : DType::F32;
@@ -31,9 +33,10 @@ MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t 
   return a;
 }
 
-MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, int ep) {
-  const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width();
-  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * ep;
+MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, MoeSplit split) {
+  const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width() / split.tp;
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * split.ep;
+  const int ep = split.ep;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, MemCategory::Activations); };
   MoeScratch s;
   s.dy = f32({M, C}), s.dx = f32({M, C}), s.d_act = f32({Mx, Fe}), s.d_pre = f32({Mx, 2 * Fe});
@@ -43,11 +46,30 @@ MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, bool 
   }
   s.dweight = f32({N, k}), s.dlogits = f32({N, E});
   if (Fs > 0) s.shared_d_act = f32({N, Fs}), s.shared_d_pre = f32({N, 2 * Fs});
+  if (split.tp > 1) {
+    s.partial = f32({N, C});
+    if (split.sequence_parallel) {
+      s.x_whole = f32({N, C}), s.dout_whole = f32({N, C});
+      s.x_whole_lp = lowp ? Tensor::empty({N, C}, DType::BF16, alloc, MemCategory::Activations) : s.x_whole;
+    }
+  }
   return s;
 }
 
-MoeLayer::MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend, bool lowp)
-    : cfg_(cfg), be_(backend), lowp_(lowp) {}
+MoeLayer::MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend, bool lowp, kernels::LayerOps* ops)
+    : cfg_(cfg), be_(backend), lowp_(lowp), ops_(ops) {}
+
+std::pair<Tensor, Tensor> MoeLayer::whole_inputs(const Tensor& x, const Tensor& x_f32, MoeScratch* s) {
+  if (!split().sequence_parallel) return {x, x_f32};
+  if (!s) throw Error("internal: sequence parallelism needs the context's MoE scratch");
+  const int64_t N = x.dim(0) * tp();
+  // The f32 rows travel; the GEMM copy is cast here, as the block cast this rank's rows.
+  const Tensor f = ops_->whole_rows(x_f32, s->x_whole.slice(0, N));
+  if (x.dtype() == DType::F32) return {f, f};
+  const Tensor lp = s->x_whole_lp.slice(0, N);
+  be_.cast(lp, f);
+  return {lp, f};
+}
 
 void MoeLayer::run_experts(const MoeWeights& w, MoeActivations& a, const std::vector<int64_t>& offsets,
                            const Tensor& y) {
@@ -102,10 +124,16 @@ void MoeLayer::plan_exchange(MoeActivations& a) const {
       }
 }
 
-void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, const Tensor& x_f32, const Tensor& out,
-                       MoeLoad* load, MoeScratch* s) {
+void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x_mine, const Tensor& x_f32_mine,
+                       const Tensor& out, MoeLoad* load, MoeScratch* s) {
   const auto& m = cfg_.moe;
+  const bool split_width = tp() > 1;
+  if (split_width && !s) throw Error("internal: tensor parallelism needs the context's MoE scratch in forward");
+  const auto [x, x_f32] = whole_inputs(x_mine, x_f32_mine, s);
   const int64_t N = x.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k;
+  // Under tensor parallelism each rank's experts give a part of every output row: summed at the end.
+  const Tensor sum = split_width ? s->partial.slice(0, N) : out;
+  if (split_width) sum.fill_zero();
   const Tensor scores = a.scores.slice(0, N);
   be_.linear_forward(scores, w.router.w.dtype() == DType::F32 ? x_f32 : x, w.router.w, nullptr, false);
   // The selection bias in f32 (under bf16-pure the weights are bf16).
@@ -158,7 +186,7 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, 
   }
   {
     profile::Span span(be_.tracer(), "moe_combine", profile::Category::Kernel);
-    kernels::moe_combine_forward(out.data<float>(), a.y.data<float>(), a.row.data<int32_t>(), a.weight.data<float>(), N,
+    kernels::moe_combine_forward(sum.data<float>(), a.y.data<float>(), a.row.data<int32_t>(), a.weight.data<float>(), N,
                                  k, C);
   }
   if (w.shared_gate_up.w.defined()) {
@@ -166,14 +194,24 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x, 
     be_.linear_forward(pre, x, w.shared_gate_up.w, nullptr, false);
     be_.swiglu_forward(act, pre);
     if (lowp_) be_.cast(act_lp, act);
-    be_.linear_forward(out, act_lp, w.shared_down.w, nullptr, true);
+    be_.linear_forward(sum, act_lp, w.shared_down.w, nullptr, true);
   }
+  if (split_width) ops_->add_group_sum(out, sum);
 }
 
-void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const Tensor& dout, const Tensor& dx,
-                        const Tensor& x, const Tensor& x_f32, double aux_scale) {
+void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, const Tensor& dout_mine,
+                        const Tensor& dx_mine, const Tensor& x_mine, const Tensor& x_f32_mine, double aux_scale) {
   const auto& m = cfg_.moe;
+  const bool split_width = tp() > 1;
+  // Under sequence parallelism the inputs are gathered again (not kept from forward: that would undo
+  // sequence parallelism's saving), and the output gradient with them.
+  const auto [x, x_f32] = whole_inputs(x_mine, x_f32_mine, &s);
+  const Tensor dout = split().sequence_parallel
+                          ? ops_->whole_rows(dout_mine, s.dout_whole.slice(0, dout_mine.dim(0) * tp()))
+                          : dout_mine;
   const int64_t N = dout.dim(0), C = cfg_.d_model, E = m.experts, k = m.top_k;
+  // Each rank's slice of the experts gives a part of the input gradient: summed over the group at the end.
+  const Tensor dx = split_width ? s.partial.slice(0, N) : dx_mine;
   if (w.shared_gate_up.w.defined()) {
     const Tensor d_act = s.shared_d_act.slice(0, N), d_pre = s.shared_d_pre.slice(0, N);
     be_.linear_backward(&d_act, false, w.shared_down.dw, nullptr, dout, a.shared_act_lp.slice(0, N), w.shared_down.w);
@@ -187,6 +225,8 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
     kernels::moe_combine_backward(s.dy.data<float>(), s.dweight.data<float>(), dout.data<float>(), a.y.data<float>(),
                                   a.row.data<int32_t>(), a.weight.data<float>(), N, k, C);
   }
+  // The combine weights' gradient <dout, y> of this rank's partial y: summed, every rank routes alike.
+  if (split_width) ops_->sum_over_group(s.dweight.slice(0, N));
   if (ep() == 1) {
     experts_backward(w, a, s, a.offsets, s.dy, s.dx);
   } else {
@@ -206,8 +246,15 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
                                 m.normalize_top_k);
   }
   const Tensor dlogits = s.dlogits.slice(0, N);
-  be_.linear_backward(&dx, true, w.router.dw, nullptr, dlogits, w.router.w.dtype() == DType::F32 ? x_f32 : x,
-                      w.router.w);
+  // The router is whole on every rank and its gradient the same everywhere; its input gradient joins
+  // the group's sum once (rank 0's part).
+  const bool router_dx = !split_width || ops_->rank() == 0;
+  be_.linear_backward(router_dx ? &dx : nullptr, true, w.router.dw, nullptr, dlogits,
+                      w.router.w.dtype() == DType::F32 ? x_f32 : x, w.router.w);
+  if (split_width) {
+    dx_mine.fill_zero();
+    ops_->add_group_sum(dx_mine, dx);
+  }
 }
 
 }  // namespace loom::model

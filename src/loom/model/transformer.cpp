@@ -167,7 +167,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
     a.n2_mean = f32({R}), a.n2_rstd = f32({R}), a.n2_out = moe_mlp ? f32({R, C}) : f32_or_scratch({R, C});
     a.n2_lp = lp(a.n2_out);
     if (dense_mlp) a.h_pre = f32({N, HPRE}), a.h_act = f32_or_scratch({N, F}), a.h_act_lp = lp(a.h_act);
-    if (moe_mlp) a.moe = make_moe_activations(cfg_, N, lowp_, alloc, runner_.moe().ep());
+    if (moe_mlp) a.moe = make_moe_activations(cfg_, N, lowp_, alloc, runner_.moe().split());
   };
   c.blocks.resize(static_cast<size_t>(L));
   if (ch.last > ch.first) {
@@ -197,7 +197,7 @@ ActivationContext Transformer::make_context(int64_t B, int64_t T, const Chunk& c
   if (runner_.fp8() && ch.last > ch.first) c.fp8_dy = f32({std::max({R * C, N * HPRE, N * QKV})});
   if (S > 1) c.norm_grads = f32({4 * C});
   c.d_h_act = f32({N, F}), c.d_h_pre = f32({N, HPRE});
-  if (chunk_moe) c.moe = make_moe_scratch(cfg_, N, lowp_, alloc, runner_.moe().ep());
+  if (chunk_moe) c.moe = make_moe_scratch(cfg_, N, lowp_, alloc, runner_.moe().split());
   if (split_backward) {
     c.split.resize(static_cast<size_t>(L));
     for (int64_t l = ch.first; l < ch.last; ++l)

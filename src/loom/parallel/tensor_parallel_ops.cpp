@@ -158,6 +158,10 @@ void TensorParallelOps::row_forward_add(const Tensor& y, const Tensor& x, const 
   // the rows each rank holds), then added to the residual stream y.
   Tensor partial = scratch(kPartial, {x.dim(0), l.w.dim(0)}, DType::F32);
   be_.linear_forward(partial, x, l.w, l.has_bias() && rank_ == 0 ? &l.b : nullptr, false);
+  add_group_sum(y, partial);
+}
+
+void TensorParallelOps::add_group_sum(const Tensor& y, const Tensor& partial) {
   if (!options_.sequence_parallel) {
     all_reduce(partial, "tp_all_reduce_out", "tp_all_reduce_out.wait");
     be_.add(y, y, partial);
@@ -169,6 +173,16 @@ void TensorParallelOps::row_forward_add(const Tensor& y, const Tensor& x, const 
   wait(p);
   be_.add(y, y, mine);
 }
+
+Tensor TensorParallelOps::whole_rows(const Tensor& x, const Tensor& whole) {
+  if (!options_.sequence_parallel) return x;
+  Pending p = issue(tp_.all_gather(x.raw(), whole.raw(), static_cast<size_t>(x.numel()), x.dtype()), "tp_all_gather_moe",
+                    "tp_all_gather_moe.wait", static_cast<double>(whole.nbytes()));
+  wait(p);
+  return whole;
+}
+
+void TensorParallelOps::sum_over_group(const Tensor& t) { all_reduce(t, "tp_all_reduce_moe", "tp_all_reduce_moe.wait"); }
 
 void TensorParallelOps::row_backward(const Tensor& dx, const kernels::LinearWeights& l, const Tensor& dy,
                                      const Tensor& x) {

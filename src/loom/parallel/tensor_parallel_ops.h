@@ -11,6 +11,8 @@
 //   cross-entropy:          vocabulary-parallel, one all-gather of [N, 3] per-row partials: the full
 //                           logits are never gathered.
 // KV rows that several ranks share (kv_heads < tp) get their weight gradient summed over those ranks.
+// Mixture-of-experts blocks gather their rows whole and sum their partial outputs through the same
+// group (whole_rows, add_group_sum, sum_over_group; model/moe_layer.cpp).
 // With overlap on, the input-gradient collective of a column-parallel backward (and under SP the
 // re-gather of its input) runs while a GEMM that does not need it does, and under SP the forward's input
 // gather goes in two chunks, the GEMM of the first chunk's rows running while the second is in flight. Every collective returns the
@@ -45,6 +47,9 @@ class TensorParallelOps : public kernels::LayerOps {
   void column_backward(const Tensor* dx, const kernels::LinearWeights& l, const Tensor& dy, const Tensor& x) override;
   void row_forward_add(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) override;
   void row_backward(const Tensor& dx, const kernels::LinearWeights& l, const Tensor& dy, const Tensor& x) override;
+  Tensor whole_rows(const Tensor& x, const Tensor& whole) override;
+  void add_group_sum(const Tensor& y, const Tensor& partial) override;
+  void sum_over_group(const Tensor& t) override;
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) override;
   void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens) override;
   void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t vocab_size,

@@ -65,6 +65,8 @@ struct Widths {
   double N, C, D, H, KV, F, V, QKV, HPRE, R;
   double E = 0, K = 0, Fe = 0, Fs = 0;  // mixture of experts: experts, top_k, expert and shared widths
   double EP = 1;                        // expert parallelism: the expert side holds up to EP x N k rows
+  double TP = 1;                        // tensor parallelism: experts split by width, every token on every rank
+  bool SP = false;
   Widths(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp, bool sp) {
     N = static_cast<double>(B * T), C = static_cast<double>(c.d_model), D = static_cast<double>(c.head_dim());
     H = static_cast<double>(c.n_heads / tp);
@@ -79,9 +81,10 @@ struct Widths {
     QKV = (H + 2.0 * KV) * D;
     HPRE = llama ? 2 * F : F;
     R = sp ? N / tp : N;  // residual-stream rows on this rank
+    TP = tp, SP = sp;
     if (c.moe.enabled()) {
       E = static_cast<double>(c.moe.experts), K = static_cast<double>(c.moe.top_k);
-      Fe = static_cast<double>(c.expert_width()), Fs = static_cast<double>(c.moe.shared_experts) * Fe;
+      Fe = static_cast<double>(c.expert_width() / tp), Fs = static_cast<double>(c.moe.shared_experts) * Fe;
     }
   }
 };
@@ -107,7 +110,9 @@ double moe_block_bytes(const Widths& w, bool bf16) {
 double moe_scratch_bytes(const Widths& w, bool bf16) {
   const double N = w.N, M = w.N * w.K, Mx = M * w.EP;
   const double exchange = w.EP > 1 ? ((bf16 ? 2 : 4) + 4 + 4) * Mx * w.C : 0;  // received inputs, rows by source and by expert
-  return 4 * (2 * M * w.C + 3 * Mx * w.Fe + N * w.K + N * w.E + 3 * N * w.Fs) + exchange;
+  // Tensor parallelism: the partial sums [N, C]; under SP the gathered inputs (f32, bf16) and dout.
+  const double width_split = w.TP > 1 ? 4 * N * w.C + (w.SP ? (4 + (bf16 ? 2 : 0) + 4) * N * w.C : 0) : 0;
+  return 4 * (2 * M * w.C + 3 * Mx * w.Fe + N * w.K + N * w.E + 3 * N * w.Fs) + exchange + width_split;
 }
 
 // One activation context as model::Transformer::make_context allocates it for a chunk of `blocks`
@@ -218,8 +223,8 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   if (l.ep != 1 && (!cfg.moe.enabled() || cfg.moe.experts % l.ep != 0 || l.dp % l.ep != 0))
     throw ConfigError("Loom's engine runs expert parallelism over ep ranks dividing dp and a mixture of experts' "
                       "experts, not " + l.str());
-  if (cfg.moe.enabled() && (l.tp > 1 || l.cp > 1 || l.schedule == Schedule::ZeroBubble))
-    throw ConfigError("Loom's engine runs mixture-of-experts blocks without tp, cp or zb-h1, not " + l.str());
+  if (cfg.moe.enabled() && (l.cp > 1 || l.schedule == Schedule::ZeroBubble))
+    throw ConfigError("Loom's engine runs mixture-of-experts blocks without cp or zb-h1, not " + l.str());
   if (seq % (2 * l.cp) != 0)
     throw ConfigError("context parallelism at cp = " + std::to_string(l.cp) + " needs the sequence (" +
                       std::to_string(seq) + ") to split into 2 x cp chunks");

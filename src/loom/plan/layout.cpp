@@ -110,8 +110,8 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (j.software.recompute && l.recompute != *j.software.recompute)
     return {Reject::Engine, fmt::format("the software profile {} runs recompute = {}", j.software.profile,
                                         recompute_name(*j.software.recompute))};
-  if (j.software.loom_engine && j.model.is_moe() && (l.tp > 1 || l.cp > 1 || l.schedule == Schedule::ZeroBubble))
-    return {Reject::Engine, "Loom's engine runs mixture-of-experts blocks without tp, cp or the zero-bubble schedule"};
+  if (j.software.loom_engine && j.model.is_moe() && (l.cp > 1 || l.schedule == Schedule::ZeroBubble))
+    return {Reject::Engine, "Loom's engine runs mixture-of-experts blocks without cp or the zero-bubble schedule"};
   if (l.cp_all_to_all && !j.software.loom_engine)
     return {Reject::Engine, fmt::format("the software profile {} is priced with the ring's point-to-point context "
                                         "parallelism; cp_mode=all-to-all is priced for Loom's engine (--software loom)",

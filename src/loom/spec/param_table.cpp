@@ -220,18 +220,20 @@ void add_moe(ParamTable& t, const TransformerConfig& c, const std::string& prefi
   if (c.moe.bias_update_rate > 0) t.add(vec(prefix + "gate.e_score_correction_bias", E, Init::Kind::Zeros));
   if (c.moe.shared_experts > 0) {
     const int64_t Fs = c.moe.shared_experts * Fe;
-    t.add(linear(prefix + "shared_experts.gate_proj.weight", Fs, C, c.init_std, Placement::replicate()));
-    t.add(linear(prefix + "shared_experts.up_proj.weight", Fs, C, c.init_std, Placement::replicate()));
-    t.add(linear(prefix + "shared_experts.down_proj.weight", C, Fs, resid_std, Placement::replicate()));
+    t.add(linear(prefix + "shared_experts.gate_proj.weight", Fs, C, c.init_std, tp_rows()));
+    t.add(linear(prefix + "shared_experts.up_proj.weight", Fs, C, c.init_std, tp_rows()));
+    t.add(linear(prefix + "shared_experts.down_proj.weight", C, Fs, resid_std, tp_cols()));
   }
   // The routed experts come last in the block: ZeRO shards them over other ranks than the rest
   // (spec::zero_shard_plans), one range per block.
   const auto [first, last] = local_experts(c, t.shard());
   for (int64_t e = first; e < last; ++e) {
     const std::string x = prefix + "experts." + std::to_string(e) + ".";
-    for (ParamSpec p : {linear(x + "w1.weight", Fe, C, c.init_std, Placement::replicate()),
-                        linear(x + "w3.weight", Fe, C, c.init_std, Placement::replicate()),
-                        linear(x + "w2.weight", C, Fe, resid_std, Placement::replicate())}) {
+    // Under tensor parallelism every expert is split like a dense MLP: gate and up by rows, down by
+    // columns (each tp rank runs every token through its slice of every expert).
+    for (ParamSpec p : {linear(x + "w1.weight", Fe, C, c.init_std, tp_rows()),
+                        linear(x + "w3.weight", Fe, C, c.init_std, tp_rows()),
+                        linear(x + "w2.weight", C, Fe, resid_std, tp_cols())}) {
       p.expert = true;
       t.add(std::move(p));
     }
@@ -358,6 +360,12 @@ void validate_tensor_parallel(const TransformerConfig& c, int tp) {
            ": one must divide the other (KV heads are split over tp, or each replicated over tp / n_kv_heads ranks)");
   need(c.d_ff % tp == 0, "parallel.tp = " + t + " does not divide model.d_ff = " + std::to_string(c.d_ff) +
                              " (the MLP is split by columns); valid tp: " + divisors(c.d_ff, 64) + (c.d_ff > 64 ? ", ..." : ""));
+  if (c.moe.enabled()) {
+    const int64_t Fe = c.expert_width();
+    need(Fe % tp == 0, "parallel.tp = " + t + " does not divide the expert width " + std::to_string(Fe) +
+                           " (model.moe.d_expert; every expert is split by columns); valid tp: " + divisors(Fe, 64) +
+                           (Fe > 64 ? ", ..." : ""));
+  }
 }
 
 ParamTable build_param_table(const TransformerConfig& cfg, TableShard shard) {

@@ -470,9 +470,6 @@ void RunConfig::validate() const {
   if (model.resolved.moe.enabled()) {
     // What the mixture-of-experts block does not combine with yet, refused before any rank starts.
     const std::string moe = "model.moe.experts = " + s(model.resolved.moe.experts) + " with ";
-    need(p.tp == 1, moe + "parallel.tp = " + s(p.tp) +
-                        " is not supported yet: the experts do not split over tensor parallelism; use parallel.tp = 1 "
-                        "(data parallelism and ZeRO spread the experts' state)");
     need(p.cp == 1, moe + "parallel.cp = " + s(p.cp) +
                         " is not supported yet: expert capacity and the load-balancing loss are per micro-batch of whole "
                         "sequences; use parallel.cp = 1");
