@@ -20,7 +20,7 @@ source "$(dirname "$0")/training_run_setup.sh"
 run() {
   rm -rf "$tmp/out"
   "$loom" run -n $(($2 * $4)) -- "$loom" train --config configs/llama-mini.toml --set model.preset="$1" --set precision=bf16 \
-    --set parallel.dp="$2" --set parallel.ep="$3" --set parallel.tp="$4" --set parallel.sequence_parallel=$(($4 > 1)) \
+    --set parallel.dp="$2" --set parallel.ep="$3" --set parallel.tp="$4" --set parallel.sequence_parallel=$([ "$4" -gt 1 ] && echo true || echo false) \
     --set parallel.zero="$5" \
     --set train.steps="$steps" --set train.eval_every=0 --set checkpoint.save_every=0 \
     --set train.out_dir="$tmp/out" --set trace.file="$tmp/out/trace.json" --json >"$tmp/log" 2>&1
