@@ -9,11 +9,12 @@
 # in the same run (rank 0's span table, GFLOP/s: forward, backward data, backward weight); the share of
 # rank 0's step in the MoE routing kernels and in the expert-parallel exchanges (ep_*: all-to-alls and
 # the counts' all-gather, all exposed); rank 0's peak memory beside `loom plan --engine loom`'s for the
-# same layout; the planner's tokens/s for the run's layout with a machine file calibrated now (`loom
-# profile report --machine`: each rank 1/ranks of the machine).
+# same layout; the planner's tokens/s for the run's layout with a machine file calibrated now, with both
+# models' layer GEMMs timed (the experts' at the rows each sees; `loom profile report --machine`: each
+# rank 1/ranks of the machine).
 #   bash bench/moe.sh [rounds] [steps] [build-dir]
 source "$(dirname "$0")/training_run_setup.sh"
-"$loom" calibrate --out "$tmp/machine.toml" --model configs/llama-mini.toml | tail -1
+"$loom" calibrate --out "$tmp/machine.toml" --model configs/llama-mini.toml --model configs/moe-mini.toml | tail -1
 
 # run PRESET DP EP TP ZERO: "tokens/s mfu peak_bytes grouped_fwd grouped_bwd_data grouped_bwd_weight fwd bwd_data
 # bwd_weight moe_share% ep_share%"

@@ -57,6 +57,8 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
       // expert parallelism: each rank holds experts / ep, and the expert side rows for ep x its own
       {"tiny-moe", "fp32", 2, 0, 8, 2, 1, false, " --set parallel.ep=2"},
       {"tiny-moe", "bf16", 4, 0, 8, 2, 1, false, " --set parallel.ep=2 --set train.recompute=full"},
+      // with a capacity factor the expert side holds at most every expert's capacity, whatever ep is
+      {"tiny-moe", "fp32", 4, 0, 8, 2, 1, false, " --set parallel.ep=4 --set model.moe.capacity_factor=1.25"},
       // ZeRO under expert parallelism: the experts sharded over the expert replicas (2 of them; 1 at
       // ep = dp), the rest over every replica; shared experts and dense blocks between the MoE ones
       // (ZeRO-1 there: under ZeRO-2/3 blocks of different sizes make the scratch an upper bound)
@@ -92,6 +94,8 @@ TEST(EngineMemory, PredictsTheEnginesMeasuredPeakBytesPerCategory) {
     if (std::string(c.extra).find("n_kv_heads=2") != std::string::npos) model.n_kv_heads = 2;
     if (std::string(c.extra).find("moe.shared_experts=1") != std::string::npos) model.moe.shared_experts = 1;
     if (std::string(c.extra).find("parallel.ep=2") != std::string::npos) l.ep = 2;
+    if (std::string(c.extra).find("parallel.ep=4") != std::string::npos) l.ep = 4;
+    if (std::string(c.extra).find("capacity_factor=1.25") != std::string::npos) model.moe.capacity_factor = 1.25;
     if (std::string(c.extra).find("moe.every=2") != std::string::npos) model.moe.every = 2;
     if (std::string(c.extra).find("recompute=full") != std::string::npos) l.recompute = plan::Recompute::Full;
     if (std::string(c.extra).find("recompute=selective") != std::string::npos) l.recompute = plan::Recompute::Selective;

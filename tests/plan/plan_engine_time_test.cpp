@@ -1,7 +1,7 @@
 // The planner's `--engine loom` memory-bound class is priced from the bytes Loom's own element-wise
 // kernels move (plan/engine_stream_bytes.h). Those bytes must be the ones the kernels declare in their
-// trace spans: traced tiny runs (GPT-2 and Llama style, fp32 and bf16, one rank and tensor parallelism
-// with and without SP and overlap, replicated KV heads) are read back and every kernel that is neither
+// trace spans: traced tiny runs (GPT-2 and Llama style, mixture of experts, fp32 and bf16, one rank and
+// tensor parallelism with and without SP and overlap, replicated KV heads) are read back and every kernel that is neither
 // a GEMM nor attention is summed per step and rank, and compared with the model.
 #include <gtest/gtest.h>
 
@@ -45,6 +45,13 @@ TEST(EngineStreamBytes, AreTheBytesTheEnginesKernelsDeclare) {
       {"tiny-llama", "fp32", 1, false, true, 0, "full"},
       {"tiny-llama", "bf16", 2, true, true, 0, "full"},
       {"tiny", "bf16", 1, false, true, 0, "selective"},
+      // mixture of experts: routing, dispatch, the experts' SwiGLU on N k rows, combine; under tp the
+      // gathered rows and the partial sums
+      {"tiny-moe", "bf16"},
+      {"tiny-moe", "fp32"},
+      {"tiny-moe", "bf16", 2, true},
+      {"tiny-moe", "fp32", 2, false},
+      {"tiny-moe", "bf16", 1, false, true, 0, "full"},
   };
   const int64_t seq = 32, batch = 4, micro = 2;
   for (const Case& c : cases) {

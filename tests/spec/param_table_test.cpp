@@ -135,7 +135,7 @@ TEST(ParamTableShard, ColumnAndRowParallelTensorsHaveLocalShapesAndKeepTheirGlob
 }
 
 TEST(ParamTableShard, EveryGlobalElementIsHeldByExactlyOneTpRank) {
-  for (const char* name : {"tiny", "tiny-llama"})
+  for (const char* name : {"tiny", "tiny-llama", "tiny-moe"})  // tiny-moe: the experts split by width
     for (int tp : {2, 4}) {
       const auto c = preset(name);
       const auto first = build_param_table(c, TableShard{0, tp});
@@ -239,6 +239,46 @@ TEST(ParamTableShard, CountedRangesCountEveryGlobalElementExactlyOnce) {
       for (size_t i = 0; i < counted.size(); ++i)
         ASSERT_EQ(counted[i], 1) << name << " kv=" << kv << " tp=" << tp << " element " << i;
     }
+}
+
+// Under tp every expert splits like a dense SwiGLU MLP (gate and up by rows, down by columns); the
+// router and the selection bias stay whole on every rank.
+TEST(ParamTableShard, ExpertsSplitByWidthAndTheRouterStaysWhole) {
+  auto c = preset("tiny-moe");
+  c.moe.shared_experts = 1, c.moe.bias_update_rate = 0.01;
+  const auto t = build_param_table(c, TableShard{1, 2});
+  const std::string x = "model.layers.1.block_sparse_moe.";
+  EXPECT_EQ(t.at(x + "experts.3.w1.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(t.at(x + "experts.3.w3.weight").placement.str(), "tp:Shard(0)");
+  EXPECT_EQ(t.at(x + "experts.3.w2.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(t.at(x + "experts.3.w2.weight").placement.str(), "tp:Shard(1)");
+  EXPECT_EQ(t.at(x + "shared_experts.down_proj.weight").placement.str(), "tp:Shard(1)");
+  EXPECT_EQ(t.at(x + "gate.weight").shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(t.at(x + "gate.e_score_correction_bias").placement.str(), "Replicate");
+  c.moe.d_expert = 130;
+  try {
+    build_param_table(c, TableShard{0, 4});
+    FAIL() << "an expert width tp does not divide";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp = 4 does not divide the expert width 130"), std::string::npos) << e.what();
+  }
+}
+
+// The expert side of expert parallelism holds every rank's rows for this rank's experts: all of them
+// when dropless, at most each expert's capacity from each rank otherwise -- whatever ep is.
+TEST(MoeConfig, TheExpertSideHoldsAtMostEveryExpertsCapacity) {
+  MoeConfig m;
+  m.experts = 8, m.top_k = 2;
+  EXPECT_EQ(m.capacity(512), 1024) << "dropless: every pair";
+  EXPECT_EQ(m.expert_side_rows(512, 1), 1024);
+  EXPECT_EQ(m.expert_side_rows(512, 4), 4 * 1024) << "dropless: all of them could come here";
+  m.capacity_factor = 1.25;
+  EXPECT_EQ(m.capacity(512), 160);  // ceil(1.25 x 1024 / 8)
+  EXPECT_EQ(m.expert_side_rows(512, 1), 1024);
+  for (int ep : {2, 4, 8}) EXPECT_EQ(m.expert_side_rows(512, ep), 8 * 160) << "ep " << ep;
+  m.capacity_factor = 100;
+  EXPECT_EQ(m.capacity(512), 1024) << "never more than the pairs";
+  EXPECT_EQ(m.expert_side_rows(512, 2), 2 * 1024);
 }
 
 TEST(ArenaRanges, IntersectKeepsOnlyCommonElements) {

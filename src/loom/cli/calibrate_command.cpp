@@ -156,7 +156,8 @@ plan::MeasuredGemm time_layer_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
 // The layer GEMMs of the model in `config` at the shapes its layouts run on this machine: rows = the
 // tokens of one micro-batch (the batch, a half and a quarter of it as dp = 2 and 4 or pipeline
 // micro-batches give, and the configured micro-batch),
-// columns split by tp in {1, 2} where tp divides the heads, KV heads and FFN width; the LM head too.
+// columns split by tp in {1, 2} where tp divides the heads, KV heads and FFN width; the LM head too. A
+// mixture of experts adds its experts' GEMMs (at the rows each expert sees) and its shared experts'.
 std::vector<plan::MeasuredGemm> time_model_gemms(const std::string &config, double budget, Allocator &alloc) {
   const train::RunConfig cfg = train::load_run_config(config);
   const spec::TransformerConfig &m = cfg.model.resolved;
@@ -170,16 +171,26 @@ std::vector<plan::MeasuredGemm> time_model_gemms(const std::string &config, doub
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   const int64_t C = m.d_model, hd = m.head_dim(), q = m.n_heads * hd, kv = m.n_kv_heads * hd, F = m.d_ff;
   const bool gpt2 = m.arch == spec::Arch::GPT2;
+  const bool moe = m.moe.enabled(), dense = m.moe_layer_count() < m.n_layers;
+  const int64_t Fe = m.expert_width(), Fs = m.moe.shared_experts * Fe, E = m.moe.experts, k = m.moe.top_k;
   std::vector<plan::MeasuredGemm> out;
   for (int64_t tp : {1, 2}) {
-    if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp) continue;
-    for (int64_t n : rows)
-      for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{(q + 2 * kv) / tp, C},
-                                                                   {C, q / tp},
-                                                                   {(gpt2 ? F : 2 * F) / tp, C},
-                                                                   {C, F / tp},
-                                                                   {m.vocab_size / tp, C}})
-        out.push_back(time_layer_gemm(n, N, K, dtype, budget, alloc));
+    if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp || (moe && Fe % tp)) continue;
+    for (int64_t n : rows) {
+      std::vector<std::pair<int64_t, int64_t>> shapes{{(q + 2 * kv) / tp, C}, {C, q / tp}, {m.vocab_size / tp, C}};
+      if (dense) shapes.insert(shapes.end(), {{(gpt2 ? F : 2 * F) / tp, C}, {C, F / tp}});
+      if (Fs > 0) shapes.insert(shapes.end(), {{2 * Fs / tp, C}, {C, Fs / tp}});
+      for (auto [N, K] : shapes) out.push_back(time_layer_gemm(n, N, K, dtype, budget, alloc));
+      // Each SwiGLU expert's GEMMs at its mean rows, n k ep / E, for ep in {1, 2, 4} dividing the
+      // experts (the planner prices the experts at those shapes).
+      if (moe)
+        for (int64_t ep : {1, 2, 4}) {
+          if (E % ep || (n * k * ep) % E) continue;
+          const int64_t r = n * k * ep / E;
+          for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{2 * Fe / tp, C}, {C, Fe / tp}})
+            out.push_back(time_layer_gemm(r, N, K, dtype, budget, alloc));
+        }
+    }
   }
   return out;
 }

@@ -209,4 +209,22 @@ void moe_route_backward(float* dlogits, const float* dweight, const float* score
   }
 }
 
+double moe_route_bytes(int64_t N, int64_t E, int64_t k) {
+  return 4.0 * static_cast<double>(2 * N * E + 4 * N * k);
+}
+
+double moe_gather_bytes(int64_t M, int64_t bytes_per_row) { return 2.0 * static_cast<double>(M * bytes_per_row); }
+
+double moe_combine_bytes(int64_t N, int64_t M, int64_t C, int64_t k) {
+  return 4.0 * static_cast<double>(M * C + 2 * N * C + 2 * N * k);
+}
+
+double moe_combine_backward_bytes(int64_t N, int64_t M, int64_t C, int64_t k) {
+  return 4.0 * static_cast<double>(N * C + 2 * M * C + 3 * N * k);
+}
+
+double moe_route_backward_bytes(int64_t N, int64_t M, int64_t C, int64_t E, int64_t k) {
+  return 4.0 * static_cast<double>(M * C + 2 * N * C + 2 * N * E + 3 * N * k);
+}
+
 }  // namespace loom::kernels

@@ -56,4 +56,16 @@ void moe_route_backward(float* dlogits, const float* dweight, const float* score
                         const float* weight, const std::vector<int64_t>& routed, double aux_scale, int64_t N, int64_t E,
                         int64_t k, spec::RouterScore score, bool normalize);
 
+// The bytes each pass moves, as its trace span declares them (plan/engine_stream_bytes.cpp counts the
+// same for the planner): routing reads and rewrites the scores [N, E] and writes the choices, weights,
+// row plan [N, k] and token_of_row; a gather reads and writes its M rows; the combine reads M output
+// rows and reads and writes N token rows (with the slots' weights and rows); its backward reads the N
+// token gradients and M output rows and writes M row gradients; the router's backward scatters M row
+// gradients into N token rows and reads the scores to write their gradient. f32 throughout.
+double moe_route_bytes(int64_t N, int64_t E, int64_t k);
+double moe_gather_bytes(int64_t M, int64_t bytes_per_row);
+double moe_combine_bytes(int64_t N, int64_t M, int64_t C, int64_t k);
+double moe_combine_backward_bytes(int64_t N, int64_t M, int64_t C, int64_t k);
+double moe_route_backward_bytes(int64_t N, int64_t M, int64_t C, int64_t E, int64_t k);
+
 }  // namespace loom::kernels

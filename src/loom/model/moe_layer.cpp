@@ -13,7 +13,8 @@ namespace loom::model {
 MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc,
                                     MoeSplit split) {
   const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width() / split.tp;
-  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * split.ep;
+  // The expert side: every rank's rows for this rank's experts, bounded by their capacity.
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = cfg.moe.expert_side_rows(N, split.ep);
   const int ep = split.ep;
   auto make = [&](Shape s, DType d) { return Tensor::empty(s, d, alloc, MemCategory::Activations); };
   auto f32 = [&](Shape s) { return make(s, DType::F32); };
@@ -35,7 +36,7 @@ MoeActivations make_moe_activations(const spec::TransformerConfig& cfg, int64_t 
 
 MoeScratch make_moe_scratch(const spec::TransformerConfig& cfg, int64_t N, bool lowp, Allocator& alloc, MoeSplit split) {
   const int64_t C = cfg.d_model, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_width() / split.tp;
-  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = M * split.ep;
+  const int64_t Fs = cfg.moe.shared_experts * Fe, M = N * k, Mx = cfg.moe.expert_side_rows(N, split.ep);
   const int ep = split.ep;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, alloc, MemCategory::Activations); };
   MoeScratch s;
@@ -89,6 +90,11 @@ void MoeLayer::experts_backward(const MoeWeights& w, MoeActivations& a, MoeScrat
   be_.grouped_linear_backward(s.d_act, w.down_grad, dy, a.h_act_lp, w.down, offsets);
   be_.swiglu_backward(s.d_pre.slice(0, R), a.h_pre.slice(0, R), s.d_act.slice(0, R));
   be_.grouped_linear_backward(dx, w.gate_up_grad, s.d_pre, a.xe, w.gate_up, offsets);
+}
+
+void MoeLayer::reorder(void* dst, const void* src, const int32_t* order, int64_t rows, int64_t bytes_per_row) const {
+  profile::Span span(be_.tracer(), "ep_reorder", profile::Category::Kernel, 0, kernels::moe_gather_bytes(rows, bytes_per_row));
+  kernels::moe_gather_rows(dst, src, order, rows, bytes_per_row);
 }
 
 void MoeLayer::plan_exchange(MoeActivations& a) const {
@@ -145,14 +151,11 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x_m
                                                                          : bf16_to_f32(w.score_bias.data<bf16>()[e]);
   }
   {
-    profile::Span span(be_.tracer(), "moe_route", profile::Category::Kernel);
+    profile::Span span(be_.tracer(), "moe_route", profile::Category::Kernel, 0, kernels::moe_route_bytes(N, E, k));
     kernels::moe_route_forward(scores.data<float>(), a.expert.data<int32_t>(), a.weight.data<float>(), bias.empty() ? nullptr : bias.data(), N, E, k,
                                m.score, m.normalize_top_k);
     // Capacity: each expert's fair share of the pairs times the factor.
-    const int64_t capacity =
-        capacity_ && m.capacity_factor > 0
-            ? static_cast<int64_t>(std::ceil(m.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
-            : N * k;
+    const int64_t capacity = capacity_ ? m.capacity(N) : N * k;
     auto placed = kernels::moe_assign_rows(a.row.data<int32_t>(), a.token_of_row.data<int32_t>(),
                                            a.expert.data<int32_t>(), N, E, k, capacity);
     a.routed = std::move(placed.routed), a.offsets = std::move(placed.offsets);
@@ -165,9 +168,9 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x_m
   }
   const int64_t M = a.offsets.back();
   {
-    profile::Span span(be_.tracer(), "moe_dispatch", profile::Category::Kernel);
-    kernels::moe_gather_rows(a.x.raw(), x.raw(), a.token_of_row.data<int32_t>(), M,
-                             C * static_cast<int64_t>(dtype_size(x.dtype())));
+    const int64_t row_bytes = C * static_cast<int64_t>(dtype_size(x.dtype()));
+    profile::Span span(be_.tracer(), "moe_dispatch", profile::Category::Kernel, 0, kernels::moe_gather_bytes(M, row_bytes));
+    kernels::moe_gather_rows(a.x.raw(), x.raw(), a.token_of_row.data<int32_t>(), M, row_bytes);
   }
   if (ep() == 1) {
     run_experts(w, a, a.offsets, a.y);
@@ -176,16 +179,18 @@ void MoeLayer::forward(const MoeWeights& w, MoeActivations& a, const Tensor& x_m
     if (!s) throw Error("internal: expert parallelism needs the context's MoE scratch in forward");
     plan_exchange(a);
     const int64_t R = a.local_offsets.back();
-    exchange_->exchange_rows(a.x.raw(), a.send_rows, s->recv_lp.raw(), a.recv_rows,
-                             C * static_cast<int64_t>(dtype_size(a.x.dtype())), "ep_dispatch");
-    kernels::moe_gather_rows(a.xe.raw(), s->recv_lp.raw(), a.perm.data(), R,
-                             C * static_cast<int64_t>(dtype_size(a.x.dtype())));
+    if (R > a.xe.dim(0))
+      throw Error("internal: " + std::to_string(R) + " rows reached this rank's experts, past the " +
+                  std::to_string(a.xe.dim(0)) + " its buffers hold (capacity off under expert parallelism?)");
+    const int64_t row_bytes = C * static_cast<int64_t>(dtype_size(a.x.dtype()));
+    exchange_->exchange_rows(a.x.raw(), a.send_rows, s->recv_lp.raw(), a.recv_rows, row_bytes, "ep_dispatch");
+    reorder(a.xe.raw(), s->recv_lp.raw(), a.perm.data(), R, row_bytes);
     run_experts(w, a, a.local_offsets, s->by_expert);
-    kernels::moe_gather_rows(s->recv.raw(), s->by_expert.raw(), a.inv.data(), R, C * 4);
+    reorder(s->recv.raw(), s->by_expert.raw(), a.inv.data(), R, C * 4);
     exchange_->exchange_rows(s->recv.raw(), a.recv_rows, a.y.raw(), a.send_rows, C * 4, "ep_combine");
   }
   {
-    profile::Span span(be_.tracer(), "moe_combine", profile::Category::Kernel);
+    profile::Span span(be_.tracer(), "moe_combine", profile::Category::Kernel, 0, kernels::moe_combine_bytes(N, M, C, k));
     kernels::moe_combine_forward(sum.data<float>(), a.y.data<float>(), a.row.data<int32_t>(), a.weight.data<float>(), N,
                                  k, C);
   }
@@ -221,7 +226,8 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
     dx.fill_zero();
   }
   {
-    profile::Span span(be_.tracer(), "moe_combine_backward", profile::Category::Kernel);
+    profile::Span span(be_.tracer(), "moe_combine_backward", profile::Category::Kernel, 0,
+                       kernels::moe_combine_backward_bytes(N, a.offsets.back(), C, k));
     kernels::moe_combine_backward(s.dy.data<float>(), s.dweight.data<float>(), dout.data<float>(), a.y.data<float>(),
                                   a.row.data<int32_t>(), a.weight.data<float>(), N, k, C);
   }
@@ -233,13 +239,14 @@ void MoeLayer::backward(const MoeWeights& w, MoeActivations& a, MoeScratch& s, c
     // The output gradients travel as the rows did; the input gradients come back.
     const int64_t R = a.local_offsets.back();
     exchange_->exchange_rows(s.dy.raw(), a.send_rows, s.recv.raw(), a.recv_rows, C * 4, "ep_dispatch_grad");
-    kernels::moe_gather_rows(s.by_expert.raw(), s.recv.raw(), a.perm.data(), R, C * 4);
+    reorder(s.by_expert.raw(), s.recv.raw(), a.perm.data(), R, C * 4);
     experts_backward(w, a, s, a.local_offsets, s.by_expert, s.recv);  // dx by expert into recv
-    kernels::moe_gather_rows(s.by_expert.raw(), s.recv.raw(), a.inv.data(), R, C * 4);
+    reorder(s.by_expert.raw(), s.recv.raw(), a.inv.data(), R, C * 4);
     exchange_->exchange_rows(s.by_expert.raw(), a.recv_rows, s.dx.raw(), a.send_rows, C * 4, "ep_combine_grad");
   }
   {
-    profile::Span span(be_.tracer(), "moe_route_backward", profile::Category::Kernel);
+    profile::Span span(be_.tracer(), "moe_route_backward", profile::Category::Kernel, 0,
+                       kernels::moe_route_backward_bytes(N, a.offsets.back(), C, E, k));
     kernels::moe_scatter_add_rows(dx.data<float>(), s.dx.data<float>(), a.row.data<int32_t>(), N, k, C);
     kernels::moe_route_backward(s.dlogits.data<float>(), s.dweight.data<float>(), a.scores.data<float>(),
                                 a.expert.data<int32_t>(), a.weight.data<float>(), a.routed, aux_scale, N, E, k, m.score,

@@ -84,6 +84,9 @@ class MoeLayer {
   // The block's normed input as every rank routes it: whole rows (gathered under sequence parallelism;
   // in GEMM precision and in f32).
   std::pair<Tensor, Tensor> whole_inputs(const Tensor& x, const Tensor& x_f32, MoeScratch* s);
+  // Expert parallelism: rows received source after source into expert order, and back (a gather by
+  // `order`, traced as ep_reorder).
+  void reorder(void* dst, const void* src, const int32_t* order, int64_t rows, int64_t bytes_per_row) const;
   // Expert parallelism: exchanges the per-expert counts and works out a's row plan (rows to and from
   // each ep rank, the local experts' offsets, the received <-> by-expert orders).
   void plan_exchange(MoeActivations& a) const;

@@ -64,7 +64,8 @@ struct RankPart {
 struct Widths {
   double N, C, D, H, KV, F, V, QKV, HPRE, R;
   double E = 0, K = 0, Fe = 0, Fs = 0;  // mixture of experts: experts, top_k, expert and shared widths
-  double EP = 1;                        // expert parallelism: the expert side holds up to EP x N k rows
+  double EP = 1;                        // expert parallelism over EP ranks
+  double MX = 0;                        // the expert side's rows (spec::MoeConfig::expert_side_rows)
   double TP = 1;                        // tensor parallelism: experts split by width, every token on every rank
   bool SP = false;
   Widths(const spec::TransformerConfig& c, const spec::ParamTable& table, int64_t B, int64_t T, int tp, bool sp) {
@@ -99,7 +100,7 @@ int64_t moe_blocks_in(const spec::TransformerConfig& c, int64_t first, int64_t b
 // What a mixture-of-experts block saves (model::make_moe_activations, for all N k pairs), and the
 // backward scratch a context holds when its chunk has one (model::make_moe_scratch).
 double moe_block_bytes(const Widths& w, bool bf16) {
-  const double N = w.N, M = w.N * w.K, Mx = M * w.EP, lp = bf16 ? 2 : 0;
+  const double N = w.N, M = w.N * w.K, Mx = w.MX, lp = bf16 ? 2 : 0;
   return 4 * N * w.E + 4 * N * w.K * 3 + 4 * M  // scores; expert, weight, row; token_of_row
          + (bf16 ? 2 : 4) * M * w.C                 // the experts' inputs in GEMM precision
          + (w.EP > 1 ? (bf16 ? 2 : 4) * Mx * w.C : 0)  // and as this rank's experts run them
@@ -108,7 +109,7 @@ double moe_block_bytes(const Widths& w, bool bf16) {
          + (w.Fs > 0 ? 4 * N * 3 * w.Fs + lp * N * w.Fs : 0);  // the shared experts' pre, act (bf16 copy)
 }
 double moe_scratch_bytes(const Widths& w, bool bf16) {
-  const double N = w.N, M = w.N * w.K, Mx = M * w.EP;
+  const double N = w.N, M = w.N * w.K, Mx = w.MX;
   const double exchange = w.EP > 1 ? ((bf16 ? 2 : 4) + 4 + 4) * Mx * w.C : 0;  // received inputs, rows by source and by expert
   // Tensor parallelism: the partial sums [N, C]; under SP the gathered inputs (f32, bf16) and dout.
   const double width_split = w.TP > 1 ? 4 * N * w.C + (w.SP ? (4 + (bf16 ? 2 : 0) + 4) * N * w.C : 0) : 0;
@@ -302,6 +303,7 @@ EngineMemory loom_engine_memory(const spec::TransformerConfig& cfg, const Layout
   const int64_t T_local = seq / l.cp;
   Widths w(cfg, table, l.micro_batch, T_local, l.tp, sp);
   w.EP = l.ep;
+  w.MX = static_cast<double>(cfg.moe.expert_side_rows(l.micro_batch * T_local, l.ep));
   const double B = static_cast<double>(l.micro_batch), Tl = static_cast<double>(T_local);
   // Under cp: the trainer's whole samples (loaded before this rank's tokens are taken) and the attention's
   // scratch, once per rank.

@@ -51,6 +51,7 @@ struct LayerCost {
   double cp_a2a_fwd = 0;  // CP all-to-all (Loom's Ulysses mode): the forward's two, waited for at once
   double cp_a2a_bwd = 0;  // and the backward's two
   double ep_comm = 0;     // MoE dispatch + combine
+  double ep_comm_bwd = 0; // their gradients' (Loom's engine: f32 both ways)
   double flops = 0;       // executed GEMM FLOPs (incl. attention)
 };
 
@@ -99,11 +100,27 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   // MoE: the device's E/ep experts see n*top_k tokens in all, n*ep*top_k/E each on average, and the
   // busiest rank moe_imbalance times that.
   const double k = static_cast<double>(j.model.top_k()) * (j.model.is_moe() ? sw.moe_imbalance : 1.0);
-  const double experts = j.model.is_moe() ? E / l.ep : 1;
-  const double rows = j.model.is_moe() ? n * l.ep * k / E : n;
-  lc.gemm_mlp += linear({rows, (gpt2 ? F : 2 * F) / t, h, experts});
-  lc.gemm_mlp += linear({rows, h, F / t, experts});
-  if (j.model.is_moe()) lc.gemm_mlp += gemm16({n, E, h});  // router
+  // A layer's cost is the mean over the model's blocks: `moe_share` of them are MoE blocks (every k-th,
+  // after the first dense ones), whose experts are SwiGLU MLPs of the expert width (model.moe.d_expert,
+  // not d_ff), with the shared experts as one dense SwiGLU MLP beside them; the rest keep the dense MLP.
+  const double moe_share = j.model.is_moe() ? static_cast<double>(c.moe_layer_count()) / static_cast<double>(c.n_layers) : 0;
+  const double Fe = static_cast<double>(c.expert_width()), Fs = static_cast<double>(c.moe.shared_experts) * Fe;
+  auto share = [&](double weight, auto&& cost) {  // weight x cost, FLOPs counted alike
+    const double flops0 = lc.flops, time = cost();
+    lc.flops = flops0 + weight * (lc.flops - flops0);
+    return weight * time;
+  };
+  if (moe_share < 1)
+    lc.gemm_mlp += share(1 - moe_share, [&] {
+      return linear({n, (gpt2 ? F : 2 * F) / t, h}) + linear({n, h, F / t});
+    });
+  if (moe_share > 0)
+    lc.gemm_mlp += share(moe_share, [&] {
+      const double experts = E / l.ep, rows = n * l.ep * k / E;
+      double time = linear({rows, 2 * Fe / t, h, experts}) + linear({rows, h, Fe / t, experts});
+      if (Fs > 0) time += linear({n, 2 * Fs / t, h}) + linear({n, h, Fs / t});
+      return time + gemm16({n, E, h});  // router
+    });
   lc.gemm = lc.gemm_attn + lc.gemm_mlp;
 
   // Attention core. Flash: causal blocks only (half the square), no score traffic. Materialised
@@ -125,7 +142,9 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   // replicated on every TP rank unless SP splits them; the activation function on the split MLP
   // hidden (GeLU read + write 4F/h; SwiGLU read 2, write 1: 6F/h), RoPE on q and k.
   const double replicated = 8 + (sw.dropout ? 14 : 12);
-  double per_sbh = (l.sp ? replicated / t : replicated) + (gpt2 ? 4 : 6) * (F / h) * k / t;
+  // The activation: the dense MLP's on n rows, or the experts' SwiGLU on n k rows and the shared experts'.
+  const double hidden = (1 - moe_share) * (gpt2 ? 4 : 6) * F + moe_share * 6 * (Fe * k + Fs);
+  double per_sbh = (l.sp ? replicated / t : replicated) + hidden / h / t;
   if (!gpt2) per_sbh += 4 * (q / t + kv_t) / h;
   lc.memory = n * h * per_sbh / bw;
 
@@ -150,10 +169,18 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
     const Link& link = dpn / l.tp >= l.cp ? hw.intra_node : hw.inter_node;
     lc.cp_comm = (l.cp - 1) * collective_time(Collective::SendRecv, chunk, 2, link, hw.efficiency.link);
   }
-  // EP: dispatch and combine all-to-alls of the routed tokens.
-  if (l.ep > 1)
-    lc.ep_comm = 2 * group_collective_time(Collective::AllToAll, n * k * h * act * l.ep / t,
-                                           group(l.ep, l.tp * l.cp, dpn), hw);
+  // EP: dispatch and combine all-to-alls of the routed tokens, in the MoE blocks. Loom's engine sends
+  // the rows in GEMM precision and brings the outputs back in f32 (the whole rows: every tp rank routes
+  // the whole micro-batch); Megatron both ways in the activations' precision, 1/tp of them per tp rank.
+  if (l.ep > 1) {
+    const GroupShape g = group(l.ep, l.tp * l.cp, dpn);
+    const double rows = n * k * l.ep;
+    const double f32_rows = group_collective_time(Collective::AllToAll, rows * h * 4, g, hw);
+    lc.ep_comm = sw.loom_engine ? group_collective_time(Collective::AllToAll, rows * h * act, g, hw) + f32_rows
+                                : 2 * group_collective_time(Collective::AllToAll, rows * h * act / t, g, hw);
+    lc.ep_comm_bwd = sw.loom_engine ? 2 * f32_rows : lc.ep_comm;
+    lc.ep_comm *= moe_share, lc.ep_comm_bwd *= moe_share;
+  }
   return lc;
 }
 
@@ -177,7 +204,7 @@ StepTime step_time(const Layout& l, const Job& j) {
   // forward's two, 2.5x its work (Dao 2023, FlashAttention-2, section 3.1; Loom's kernel declares the same).
   const double attn_bwd = j.software.flash_attention ? 2.5 : 2.0;
   double comp = 3 * lc.gemm, mem = 3 * lc.memory + lc.cast_fwd + lc.cast_bwd, attn = (1 + attn_bwd) * lc.attn_core;
-  double ep = 2 * lc.ep_comm, cp = cp_fwd + cp_bwd;
+  double ep = lc.ep_comm + lc.ep_comm_bwd, cp = cp_fwd + cp_bwd;
   // TP traffic per block (attention, MLP): forward one all-reduce (with SP: an all-gather before the
   // block's first GEMM and a reduce-scatter after its last -- the same bus bytes), backward the same
   // again. Sequence parallelism saves each GEMM input as its 1/t shard, so backward also all-gathers it

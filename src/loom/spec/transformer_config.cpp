@@ -1,5 +1,6 @@
 #include "loom/spec/transformer_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -156,6 +157,19 @@ double model_flops_per_token(const TransformerConfig& cfg, int64_t seq_len) {
   double dense = static_cast<double>(table.non_embedding_numel() + cfg.vocab_size * cfg.d_model) - idle_experts;
   double attention = 6.0 * static_cast<double>(cfg.n_layers * seq_len * cfg.n_heads * cfg.head_dim());
   return 6.0 * dense + attention;
+}
+
+int64_t MoeConfig::capacity(int64_t tokens) const {
+  const int64_t pairs = tokens * top_k;
+  if (capacity_factor <= 0 || experts <= 0) return pairs;
+  return std::min(pairs, static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(pairs) /
+                                                        static_cast<double>(experts))));
+}
+
+int64_t MoeConfig::expert_side_rows(int64_t tokens, int ep) const {
+  const int64_t all = static_cast<int64_t>(ep) * tokens * top_k;
+  if (capacity_factor <= 0 || ep <= 1) return all;
+  return std::min(all, experts * capacity(tokens));
 }
 
 }  // namespace loom::spec

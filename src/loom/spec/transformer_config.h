@@ -43,6 +43,14 @@ struct MoeConfig {
   double bias_update_rate = 0.0;
 
   bool enabled() const { return experts > 0; }
+  // The most (token, slot) rows an expert takes from one rank's micro-batch of `tokens` tokens: its
+  // capacity, or all tokens x top_k when dropless.
+  int64_t capacity(int64_t tokens) const;
+  // The most rows one rank's experts can be sent in a micro-batch under expert parallelism over `ep`
+  // ranks (each with `tokens` tokens): every rank's rows for its experts -- ep x tokens x top_k when
+  // dropless (all of them could choose this rank's experts), but never more than each of the experts'
+  // capacity from each rank, experts x capacity, with a capacity factor.
+  int64_t expert_side_rows(int64_t tokens, int ep) const;
 };
 std::string_view arch_name(Arch a);
 // The token embedding's tensor name in the parameter table (Hugging Face's): the LM head's weight too
