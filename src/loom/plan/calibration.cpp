@@ -48,6 +48,24 @@ double median(std::vector<double> v) {
 }
 } // namespace
 
+std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> samples) {
+  std::vector<MeasuredGemm> out;
+  std::vector<std::vector<double>> rates;
+  for (const MeasuredGemm &g : samples) {
+    size_t i = 0;
+    while (i < out.size() && !(out[i].M == g.M && out[i].N == g.N && out[i].K == g.K && out[i].bytes == g.bytes)) ++i;
+    if (i == out.size()) out.push_back(g), rates.emplace_back();
+    rates[i].push_back(g.flops_per_s);
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    auto &r = rates[i];
+    std::sort(r.begin(), r.end());
+    const size_t n = r.size();
+    out[i].flops_per_s = n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
+  }
+  return out;
+}
+
 Hardware hardware_from_calibration(const Calibration &c) {
   if (c.peak_bf16 <= 0 || c.bf16.empty())
     throw ConfigError("calibration has no bf16 GEMM rate");
@@ -90,7 +108,7 @@ Hardware hardware_from_calibration(const Calibration &c) {
   const GemmCurve curve = fit_gemm_curve(rel);
   hw.efficiency.gemm_max = curve.gemm_max;
   hw.efficiency.gemm_half_dim = curve.gemm_half_dim;
-  hw.gemm_table = c.engine_gemms;
+  hw.gemm_table = merge_gemm_samples(c.engine_gemms);
   hw.efficiency.memory =
       1.0; // memory_bandwidth is already the measured streaming rate
   // What Loom's own kernels reach: its element-wise kernels stream below the triad's rate, and its

@@ -81,6 +81,12 @@ struct RelativeSample {
 };
 GemmCurve fit_gemm_curve(std::span<const RelativeSample> samples);
 
+// One rate per GEMM shape (M, N, K, bytes): the median of the samples of that shape, in the order
+// shapes first appear. `loom calibrate --model` times a shape once per model and tp that gives it (two
+// models sharing their attention, rows that coincide), and on a noisy machine two samples of one
+// shape differ by up to 1.5x (BENCHMARKS.md): the planner would otherwise take whichever came first.
+std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> samples);
+
 // The hardware description of one calibrated device: measured peaks, memory and
 // bandwidth, the fitted curve, and the link fitted to the collective samples
 // (placeholders when there are none). Throws ConfigError when a figure the
