@@ -57,6 +57,16 @@ void verify_moe_models(const std::string& layouts) {
   }
 }
 
+// Resumes the step-4 checkpoint in `from` with `ranks` ranks and `sets` (which end the run at step 8) and
+// expects steps 5-8 of `want`, the uninterrupted single-rank curve, to 1e-5.
+void expect_resume_continues(const std::vector<double>& want, const fs::path& from, int ranks, const std::string& sets) {
+  auto dir = resume_copy("moe-resume", from, ranks, sets);
+  const auto got = losses(dir / "out");
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
+  fs::remove_all(dir);
+}
+
 // Issue 19 items 1 and 4: data, pipeline, ZeRO, recompute and expert-parallel layouts.
 TEST(MoeCli, VerifyPassesAcrossDataPipelineZeroAndRecomputeLayouts) {
   verify_moe_models("dp=1;dp=2;dp=2,zero=3;dp=4,zero=2;pp=2;pp=2,dp=2,zero=1;dp=2,recompute=full;recompute=selective;"
@@ -82,11 +92,7 @@ TEST(MoeCli, TensorParallelExpertCheckpointsResumeAtOtherLayoutsAndExportWhole) 
   for (const auto& [ranks, layout] : {std::pair<int, std::string>{1, ""},
                                       {2, " --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=2"}}) {
     SCOPED_TRACE("tp = 2 checkpoint resumed with" + layout);
-    auto dir = resume_copy("tpx-r", half, ranks, sets + " --set train.steps=8" + layout);
-    const auto got = losses(dir / "out");
-    ASSERT_EQ(got.size(), 4u);
-    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
-    fs::remove_all(dir);
+    expect_resume_continues(want, half, ranks, sets + " --set train.steps=8" + layout);
   }
   const auto exported = half / "model.safetensors";
   auto r = run_loom("export --checkpoint " + (half / "ck").string() + " --out " + exported.string());
@@ -233,12 +239,8 @@ TEST(MoeCli, ExpertParallelRunsSplitTheExpertsAndResumeAtAnyEp) {
   const auto want = losses(whole / "out");
   for (int ep : {1, 4}) {
     SCOPED_TRACE("resumed at ep=" + std::to_string(ep));
-    auto dir = resume_copy("ep-r", half, ep, sets + " --set train.steps=8 --set parallel.dp=" + std::to_string(ep) +
+    expect_resume_continues(want, half, ep, sets + " --set train.steps=8 --set parallel.dp=" + std::to_string(ep) +
                                                 " --set parallel.ep=" + std::to_string(ep));
-    const auto got = losses(dir / "out");
-    ASSERT_EQ(got.size(), 4u);
-    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
-    fs::remove_all(dir);
   }
   auto r = run_loom("ckpt inspect " + (half / "ck").string());
   EXPECT_EQ(r.rc, 0) << r.err;
@@ -254,11 +256,7 @@ TEST(MoeCli, ExpertParallelRunsSplitTheExpertsAndResumeAtAnyEp) {
   for (const auto& [ranks, layout] : {std::pair<int, std::string>{1, ""},
                                       {2, " --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1"}}) {
     SCOPED_TRACE("ZeRO-3 checkpoint resumed with" + layout);
-    auto dir = resume_copy("ep-z3-r", sharded, ranks, sets + " --set train.steps=8" + layout);
-    const auto got = losses(dir / "out");
-    ASSERT_EQ(got.size(), 4u);
-    EXPECT_LT(max_rel_diff(std::vector<double>(want.begin() + 4, want.end()), got), 1e-5);
-    fs::remove_all(dir);
+    expect_resume_continues(want, sharded, ranks, sets + " --set train.steps=8" + layout);
   }
   fs::remove_all(whole), fs::remove_all(half), fs::remove_all(sharded);
 }

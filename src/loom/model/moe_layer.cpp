@@ -1,6 +1,5 @@
 #include "loom/model/moe_layer.h"
 
-#include <cmath>
 #include <vector>
 
 #include "loom/core/bf16.h"
@@ -61,8 +60,7 @@ MoeLayer::MoeLayer(const spec::TransformerConfig& cfg, kernels::Backend& backend
     : cfg_(cfg), be_(backend), lowp_(lowp), ops_(ops) {}
 
 std::pair<Tensor, Tensor> MoeLayer::whole_inputs(const Tensor& x, const Tensor& x_f32, MoeScratch* s) {
-  if (!split().sequence_parallel) return {x, x_f32};
-  if (!s) throw Error("internal: sequence parallelism needs the context's MoE scratch");
+  if (!split().sequence_parallel) return {x, x_f32};  // (sequence parallelism implies tp > 1: s is given)
   const int64_t N = x.dim(0) * tp();
   // The f32 rows travel; the GEMM copy is cast here, as the block cast this rank's rows.
   const Tensor f = ops_->whole_rows(x_f32, s->x_whole.slice(0, N));
