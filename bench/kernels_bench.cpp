@@ -156,6 +156,74 @@ void BM_gelu(benchmark::State& state, bool backward) {
 BENCHMARK_CAPTURE(BM_gelu, fwd, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_gelu, bwd, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// The MLP activation in bf16 mode at mini's shape (h [2048, 1536]), fused with the casts around it (what
+// the backend runs) or as the passes it replaced (`separate`): forward, GELU then the cast of its output
+// for the down projection; backward, GELU's gradient, then the cast of it for the up projection's GEMMs
+// with its bias gradient (already one pass). Compare the times; each row's counters are by its own cost.
+void BM_gelu_bf16(benchmark::State& state, bool backward, bool fused) {
+  const int64_t n = kRows * kFf;
+  auto x = filled(n), dy = filled(n);
+  std::vector<float> f32(static_cast<size_t>(n)), db(kFf);
+  std::vector<bf16> lowp(static_cast<size_t>(n));
+  if (fused && !backward) {
+    measure(state, kernels::gelu_bf16_cost(kRows, kFf, false, false), DType::F32,
+            [&] { kernels::gelu_forward(lowp.data(), x.data(), n); });
+  } else if (fused) {
+    measure(state, kernels::gelu_bf16_cost(kRows, kFf, true, true), DType::F32,
+            [&] { kernels::gelu_backward(lowp.data(), db.data(), x.data(), dy.data(), kRows, kFf); });
+  } else {
+    kernels::KernelCost c = kernels::gelu_cost(n, backward);
+    const auto cast = backward ? kernels::cast_bias_grad_cost(kRows, kFf) : kernels::cast_cost(n);
+    c.flops += cast.flops, c.bytes += cast.bytes;
+    measure(state, c, DType::F32, [&] {
+      if (backward) {
+        kernels::gelu_backward(f32.data(), x.data(), dy.data(), n);
+        kernels::cast_f32_to_bf16_bias_grad(lowp.data(), db.data(), f32.data(), kRows, kFf);
+      } else {
+        kernels::gelu_forward(f32.data(), x.data(), n);
+        kernels::cast_f32_to_bf16(lowp.data(), f32.data(), n);
+      }
+    });
+  }
+}
+BENCHMARK_CAPTURE(BM_gelu_bf16, fwd_fused, false, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_gelu_bf16, fwd_separate, false, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_gelu_bf16, bwd_fused, true, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_gelu_bf16, bwd_separate, true, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The same for llama-mini's SwiGLU (gate|up [2048, 2 x 1024]): no bias, so backward's cast is a plain one.
+void BM_swiglu_bf16(benchmark::State& state, bool backward, bool fused) {
+  const int64_t N = kRows, F = 1024;
+  auto gu = filled(N * 2 * F), dy = filled(N * F);
+  std::vector<float> f32(static_cast<size_t>(N * 2 * F));
+  std::vector<bf16> lowp(static_cast<size_t>(N * 2 * F));
+  if (fused) {
+    measure(state, kernels::swiglu_bf16_cost(N, F, backward), DType::F32, [&] {
+      if (backward)
+        kernels::swiglu_backward(lowp.data(), gu.data(), dy.data(), N, F);
+      else
+        kernels::swiglu_forward(lowp.data(), gu.data(), N, F);
+    });
+  } else {
+    kernels::KernelCost c = kernels::swiglu_cost(N, F, backward);
+    const auto cast = kernels::cast_cost(backward ? 2 * N * F : N * F);
+    c.flops += cast.flops, c.bytes += cast.bytes;
+    measure(state, c, DType::F32, [&] {
+      if (backward) {
+        kernels::swiglu_backward(f32.data(), gu.data(), dy.data(), N, F);
+        kernels::cast_f32_to_bf16(lowp.data(), f32.data(), 2 * N * F);
+      } else {
+        kernels::swiglu_forward(f32.data(), gu.data(), N, F);
+        kernels::cast_f32_to_bf16(lowp.data(), f32.data(), N * F);
+      }
+    });
+  }
+}
+BENCHMARK_CAPTURE(BM_swiglu_bf16, fwd_fused, false, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_swiglu_bf16, fwd_separate, false, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_swiglu_bf16, bwd_fused, true, true)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_swiglu_bf16, bwd_separate, true, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 void BM_softmax_cross_entropy(benchmark::State& state) {
   auto logits = filled(kRows * kVocab);
   std::vector<int32_t> targets(kRows);

@@ -40,6 +40,8 @@ from torch_model import ModelConfig, build_model, count_params  # noqa: E402
 PRESETS = {
     "mini": dict(arch="gpt2", vocab_size=8192, max_seq=256, d_model=384, n_layers=6, n_heads=6,
                  n_kv_heads=6, d_ff=1536, norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=True),
+    "gpt2-124m": dict(arch="gpt2", vocab_size=50257, max_seq=1024, d_model=768, n_layers=12, n_heads=12,
+                      n_kv_heads=12, d_ff=3072, norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=True),
     "llama-mini": dict(arch="llama", vocab_size=8192, max_seq=256, d_model=384, n_layers=6, n_heads=6,
                        n_kv_heads=2, d_ff=1024, norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=False),
 }

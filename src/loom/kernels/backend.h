@@ -14,6 +14,9 @@
 
 namespace loom::kernels {
 
+// The MLP's activation (GPT-2: GELU; Llama: SwiGLU over gate|up).
+enum class Activation { Gelu, SwiGLU };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -38,6 +41,13 @@ class Backend {
   // linear_backward calls, with no db. It lives in the backend's scratch until its next cast of an
   // output gradient (f32 weights: dy itself).
   virtual Tensor prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) = 0;
+  // The MLP activation's backward fused with prepare_output_grad for the linear before it (weights w,
+  // whose output `pre` is: GELU's input, or SwiGLU's gate|up): for bf16 weights one pass computes the
+  // gradient, rounds it to bf16 and sums db (GELU's bias; when non-null), never storing it in f32;
+  // for f32 weights the plain backward writes d_pre and prepare_output_grad follows. Returns what
+  // prepare_output_grad returns; pass it as dy, with no bias gradient, to that linear's backward.
+  virtual Tensor activation_backward_output_grad(Activation act, const Tensor& d_pre, const Tensor& pre,
+                                                 const Tensor& d_act, const Tensor* db, const Tensor& w) = 0;
   // Grouped linear (a mixture of experts' experts): rows [offsets[g], offsets[g + 1]) of x [M, IC] go
   // through w[g] [OC, IC]: y[rows] = x[rows] . w[g]^T. One GEMM primitive with run-time dimensions
   // serves every group and every step's row counts (gemm.h: no JIT per count); empty groups are skipped.
@@ -59,6 +69,7 @@ class Backend {
                                float eps) = 0;
   virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
                                 const Tensor& w, const Tensor& rstd) = 0;
+  // out f32, or bf16 (then the cast for the next GEMM is fused in: precision bf16).
   virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
   virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;

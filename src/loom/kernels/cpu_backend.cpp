@@ -151,6 +151,12 @@ void CpuBackend::grouped_linear_backward(const Tensor& dx, std::span<const Tenso
 }
 
 Tensor CpuBackend::prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) {
+  if (dy.dtype() == DType::BF16 && w.dtype() == DType::BF16) {
+    // Prepared already (activation_backward_output_grad): the bias gradient was taken there.
+    expect(!db && cols(dy) == w.dim(0), "prepare_output_grad: a bf16 dy " + sh(dy) +
+                                            " is prepared already; its bias gradient must have been taken with it");
+    return dy;
+  }
   expect_f32(dy, "prepare_output_grad", "dy");
   expect(cols(dy) == w.dim(0) && (!db || db->numel() == w.dim(0)),
          "prepare_output_grad: dy " + sh(dy) + " does not fit w " + sh(w));
@@ -273,6 +279,14 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
 }
 
 void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
+  expect_f32(x, "gelu_forward", "x");
+  expect(out.numel() == x.numel(), "gelu_forward: out " + sh(out) + " does not match x " + sh(x));
+  if (out.dtype() == DType::BF16) {  // fused with the cast for the next GEMM
+    auto c = gelu_bf16_cost(rows(x), cols(x), false, false);
+    Span span(tracer_, "gelu_fwd_bf16", Category::Kernel, c.flops, c.bytes);
+    kernels::gelu_forward(static_cast<bf16*>(out.raw()), x.data<float>(), x.numel());
+    return;
+  }
   auto c = gelu_cost(x.numel(), false);
   Span span(tracer_, "gelu_fwd", Category::Kernel, c.flops, c.bytes);
   kernels::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
@@ -285,8 +299,15 @@ void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& 
 }
 
 void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  expect_f32(gate_up, "swiglu_forward", "gate_up");
   const int64_t N = rows(gate_up), F = cols(gate_up) / 2;
   expect(out.numel() == N * F, "swiglu: out " + sh(out) + " must be half the width of gate_up " + sh(gate_up));
+  if (out.dtype() == DType::BF16) {  // fused with the cast for the next GEMM
+    auto c = swiglu_bf16_cost(N, F, false);
+    Span span(tracer_, "swiglu_fwd_bf16", Category::Kernel, c.flops, c.bytes);
+    kernels::swiglu_forward(static_cast<bf16*>(out.raw()), gate_up.data<float>(), N, F);
+    return;
+  }
   auto c = swiglu_cost(N, F, false);
   Span span(tracer_, "swiglu_fwd", Category::Kernel, c.flops, c.bytes);
   kernels::swiglu_forward(out.data<float>(), gate_up.data<float>(), N, F);
@@ -297,6 +318,38 @@ void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, 
   auto c = swiglu_cost(N, F, true);
   Span span(tracer_, "swiglu_bwd", Category::Kernel, c.flops, c.bytes);
   kernels::swiglu_backward(dgate_up.data<float>(), gate_up.data<float>(), dout.data<float>(), N, F);
+}
+
+Tensor CpuBackend::activation_backward_output_grad(Activation act, const Tensor& d_pre, const Tensor& pre,
+                                                   const Tensor& d_act, const Tensor* db, const Tensor& w) {
+  expect_f32(pre, "activation_backward_output_grad", "pre");
+  expect_f32(d_act, "activation_backward_output_grad", "d_act");
+  const int64_t N = rows(pre), W = cols(pre), F = act == Activation::SwiGLU ? W / 2 : W;
+  expect(d_pre.shape() == pre.shape() && rows(d_act) == N && cols(d_act) == F && w.dim(0) == W &&
+             (!db || (act == Activation::Gelu && db->numel() == W)),
+         "activation_backward_output_grad: d_pre " + sh(d_pre) + ", pre " + sh(pre) + ", d_act " + sh(d_act) +
+             ", w " + sh(w) + (db ? ", db " + sh(*db) : "") + " do not fit");
+  if (w.dtype() != DType::BF16) {
+    // f32 GEMMs read the f32 gradient: the plain backward, then the bias gradient from it.
+    if (act == Activation::Gelu)
+      gelu_backward(d_pre, pre, d_act);
+    else
+      swiglu_backward(d_pre, pre, d_act);
+    return prepare_output_grad(d_pre, db, w);
+  }
+  // One pass: the activation's gradient is rounded to bf16 as it is computed (and, for GELU, the bias
+  // gradient summed); its f32 value is never stored. Lives in the same scratch as prepare_output_grad's.
+  bf16* lowp = static_cast<bf16*>(scratch(sizeof(bf16) * pre.numel()));
+  if (act == Activation::Gelu) {
+    auto c = gelu_bf16_cost(N, W, true, db != nullptr);
+    Span span(tracer_, "gelu_bwd_bf16", Category::Kernel, c.flops, c.bytes);
+    kernels::gelu_backward(lowp, db ? db->data<float>() : nullptr, pre.data<float>(), d_act.data<float>(), N, W);
+  } else {
+    auto c = swiglu_bf16_cost(N, F, true);
+    Span span(tracer_, "swiglu_bwd_bf16", Category::Kernel, c.flops, c.bytes);
+    kernels::swiglu_backward(lowp, pre.data<float>(), d_act.data<float>(), N, F);
+  }
+  return Tensor::wrap(lowp, pre.shape(), DType::BF16);
 }
 
 void CpuBackend::rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const AttentionShape& s) {

@@ -18,6 +18,8 @@ class CpuBackend final : public Backend {
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, bool accumulate) override;
   Tensor prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) override;
+  Tensor activation_backward_output_grad(Activation act, const Tensor& d_pre, const Tensor& pre, const Tensor& d_act,
+                                         const Tensor* db, const Tensor& w) override;
   void grouped_linear_forward(const Tensor& y, const Tensor& x, std::span<const Tensor> w,
                               std::span<const int64_t> offsets) override;
   void grouped_linear_backward(const Tensor& dx, std::span<const Tensor> dw, const Tensor& dy, const Tensor& x,

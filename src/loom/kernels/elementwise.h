@@ -49,11 +49,23 @@ KernelCost rmsnorm_cost(int64_t N, int64_t C, bool backward);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 KernelCost gelu_cost(int64_t n, bool backward);
+// Fused with the bf16 cast the next GEMM needs (precision bf16, where the f32 result has no other reader):
+// forward writes gelu(x) in bf16; backward writes the [N, F] input gradient in bf16 and, when dbias is
+// non-null, adds its column sums (f32, before rounding) to dbias -- the bias gradient of the linear
+// whose output x is (summed as bias_backward sums). The same math as the f32 kernels; an element may
+// differ from the cast of theirs by one bf16 step where FMA contraction differs (a loop's tail).
+void gelu_forward(bf16* out, const float* inp, int64_t n);
+void gelu_backward(bf16* dinp, float* dbias, const float* inp, const float* dout, int64_t N, int64_t F);
+KernelCost gelu_bf16_cost(int64_t N, int64_t F, bool backward, bool bias);
 
 // ---- SwiGLU: gu is [N, 2F] with gate in columns [0, F) and up in [F, 2F); out[N, F] = silu(gate) * up ----
 void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);
 void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);
 KernelCost swiglu_cost(int64_t N, int64_t F, bool backward);
+// Fused with the bf16 cast, as GELU's: the product, or both gradients, written in bf16 only.
+void swiglu_forward(bf16* out, const float* gu, int64_t N, int64_t F);
+void swiglu_backward(bf16* dgu, const float* gu, const float* dout, int64_t N, int64_t F);
+KernelCost swiglu_bf16_cost(int64_t N, int64_t F, bool backward);
 
 // ---- Rotary position embedding, Hugging Face Llama convention (rotate_half: element i pairs with
 // i + D/2 within a head). qkv is [B, T, (H + 2*KVH) * D]: q heads, then k heads, then v heads per row.

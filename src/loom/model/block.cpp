@@ -179,11 +179,15 @@ void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, cons
     return;
   }
   ops_.column_forward(a.h_pre, a.n2_lp, w.up);
+  // In bf16 the activation writes the down projection's bf16 input directly (its f32 value has no
+  // other reader); fp8 quantises from the f32 value instead.
+  const bool fused_cast = lowp_ && !(fp8_ && layer >= 0);
+  const Tensor& act_out = fused_cast ? a.h_act_lp : a.h_act;
   if (llama_)
-    be_.swiglu_forward(a.h_act, a.h_pre);
+    be_.swiglu_forward(act_out, a.h_pre);
   else
-    be_.gelu_forward(a.h_act, a.h_pre);
-  to_gemm_input(a.h_act_lp, a.h_act, layer, Fp8Linear::Down);
+    be_.gelu_forward(act_out, a.h_pre);
+  if (!fused_cast) to_gemm_input(a.h_act_lp, a.h_act, layer, Fp8Linear::Down);
   x_out.copy_from(a.x_mid);
   ops_.row_forward_add(x_out, a.h_act_lp, w.down);
 }

@@ -242,11 +242,22 @@ void Transformer::block_backward(int64_t layer, const BlockWeights& weights, Blo
     runner_.moe().backward(blk.moe, a.moe, c.moe, c.d_res, c.d_norm, a.n2_lp, a.n2_out, c.moe_aux_scale);
   } else {
     linear_backward(c.d_h_act, blk.down, c.d_res, a.h_act_lp, true, split ? &split->down : nullptr, Fp8Linear::Down);
-    if (llama_)
-      be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
-    else
-      be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
-    linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr, Fp8Linear::Up);
+    if (!fp8 && !split && blk.up.shared_by == 1) {
+      // The activation's backward prepares the up projection's output gradient in the same pass (in bf16:
+      // rounded, with GELU's bias gradient), so no f32 copy of it is written and read again.
+      const Tensor g = be.activation_backward_output_grad(
+          llama_ ? kernels::Activation::SwiGLU : kernels::Activation::Gelu, d_h_pre, a.h_pre, c.d_h_act,
+          blk.up.has_bias() ? &blk.up.db : nullptr, blk.up.w);
+      kernels::LinearWeights up = blk.up;
+      up.b = up.db = Tensor();  // its gradient is in already
+      ops.column_backward(&c.d_norm, up, g, a.n2_lp);
+    } else {
+      if (llama_)
+        be.swiglu_backward(d_h_pre, a.h_pre, c.d_h_act);
+      else
+        be.gelu_backward(d_h_pre, a.h_pre, c.d_h_act);
+      linear_backward(c.d_norm, blk.up, d_h_pre, a.n2_lp, false, nullptr, Fp8Linear::Up);
+    }
   }
   if (c.norm_grads.defined()) c.norm_grads.fill_zero();
   runner_.norm_backward(partial_grads(blk.norm2, c, 0), c.d_res, c.d_norm, a.x_mid, a.n2_mean, a.n2_rstd);

@@ -34,11 +34,18 @@ EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const La
   auto dense_mlp = [&]() -> std::pair<double, double> {
     // The activation (GeLU reads and writes the hidden, backward reads it and dy and writes dx; SwiGLU
     // forward reads gate and up and writes their product, backward reads the two and dy and writes both
-    // gradients), the bias gradients of GPT-2's two linears, the bf16 casts of the hidden and of both
-    // linears' output gradients, and under tp the row-parallel sum.
+    // gradients), the bias gradients of GPT-2's two linears, and under tp the row-parallel sum. In bf16
+    // the activation writes its output and its gradient in bf16 directly (the casts for the GEMMs fused
+    // in, and GELU's bias gradient summed in its backward), and the down projection's output gradient
+    // is cast -- except under zb-h1, whose split backward keeps the f32 gradient and casts it after.
     double fwd = (gpt2 ? 2 : 3) * f32 * n * F, all = (gpt2 ? 2 + 3 : 3 + 5) * f32 * n * F;
     if (gpt2) all += bias_bwd(F) + bias_bwd(h);
-    if (bf16) fwd += (4 + 2) * n * F, all += (4 + 2) * n * F + (4 + 2) * n * (mlp_out + h);
+    if (bf16 && l.schedule != Schedule::ZeroBubble) {
+      fwd = (gpt2 ? 4 + 2 : 8 + 2) * n * F;
+      all = fwd + (gpt2 ? 8 + 2 : 12 + 4) * n * F + (4 + 2) * n * h + (gpt2 ? bias_bwd(F) + bias_bwd(h) : 0);
+    } else if (bf16) {
+      fwd += (4 + 2) * n * F, all += (4 + 2) * n * F + (4 + 2) * n * (mlp_out + h);
+    }
     if (l.tp > 1) fwd += row_add, all += row_add;
     return {fwd, all};
   };

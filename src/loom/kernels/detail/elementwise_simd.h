@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <vector>
 
 // Hot loops are compiled three times and the best version is picked at load time, because the build
 // has no -march flag (Loom must run on any x86-64). Only leaf functions carry the attribute: the
@@ -47,6 +48,51 @@ void parallel_ranges(int64_t n, int64_t serial_below, int64_t align, Body&& body
     const int nth = omp_get_num_threads();
     Range r = thread_range(n, tid, nth, align);
     if (r.begin < r.end) body(r.begin, r.end, tid, nth);
+  }
+}
+
+// Runs body(c0, c1) on each thread's block of the C columns (cache-line aligned) of an [N, C] array, for
+// kernels that sum down columns (bias and embedding gradients): each column is summed in row order by
+// one thread, so the sums do not depend on how rows would have been split. One thread below
+// `serial_below` elements.
+template <class Body>
+void parallel_columns(int64_t N, int64_t C, int64_t serial_below, Body&& body) {
+  if (N <= 0 || C <= 0) return;
+#pragma omp parallel if (N * C >= serial_below)
+  {
+    const Range cols = thread_range(C, omp_get_thread_num(), omp_get_num_threads(), 16);
+    if (cols.begin < cols.end) body(cols.begin, cols.end);
+  }
+}
+
+// Column sums of an [N, C] array (bias gradients) over fixed blocks of kSumRows rows: `rows(n0, n1,
+// partial)` adds rows [n0, n1) into its block's zeroed partial sums in row order (and may do other
+// work on those rows: a cast, an activation's backward); then every column's partials are added in
+// block order and into dsum. Blocks, not threads, fix the order of the additions: the sums are
+// bitwise the same for any thread count, and every kernel that sums columns this way agrees with the
+// others bit for bit. Each thread streams whole rows (splitting the columns between threads instead
+// left the second core nearly idle on the EPYC: its prefetches fetched the other's half of each row).
+inline constexpr int64_t kSumRows = 128;
+// dsum[j] += sum over b < blocks of partials[b * C + j], for columns [c0, c1).
+void add_column_partials(float* dsum, const float* partials, int64_t blocks, int64_t C, int64_t c0, int64_t c1);
+
+template <class Rows>
+void blocked_column_sums(float* dsum, int64_t N, int64_t C, int64_t serial_below, Rows&& rows) {
+  if (N <= 0 || C <= 0) return;
+  const int64_t blocks = (N + kSumRows - 1) / kSumRows;
+  // Kept per calling thread: at most a few hundred KiB, and a fresh one per call would fault its
+  // pages in every time.
+  thread_local std::vector<float> partials;
+  partials.assign(static_cast<size_t>(blocks * C), 0.0f);
+  float* p = partials.data();
+#pragma omp parallel if (N * C >= serial_below)
+  {
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    const Range mine = thread_range(blocks, tid, nth);
+    for (int64_t b = mine.begin; b < mine.end; ++b) rows(b * kSumRows, std::min(N, (b + 1) * kSumRows), p + b * C);
+#pragma omp barrier
+    const Range cols = thread_range(C, tid, nth, 16);
+    if (cols.begin < cols.end) add_column_partials(dsum, p, blocks, C, cols.begin, cols.end);
   }
 }
 
