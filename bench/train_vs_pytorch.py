@@ -4,7 +4,8 @@
 Why: a tokens/s figure only means something next to a baseline measured on the same machine in the
 same minutes. This runs `loom train` and bench/pytorch_train.py alternately (Loom, PyTorch, Loom,
 PyTorch, ...) so that drift in machine load hits both, for fp32 and bf16, and prints the median
-tokens/s of each, their ratio, Loom's MFU, and each process's peak resident memory (the kernel's
+tokens/s of each, their ratio, Loom's MFU (against the GEMM peak `loom info` measures at the start of each
+precision's rounds), and each process's peak resident memory (the kernel's
 maximum RSS of the child: weights, optimizer state, activations, code and libraries alike for both;
 Loom's own tracked peak beside it).
 
@@ -39,6 +40,25 @@ def run_json(cmd: list[str], env: dict) -> tuple[dict, float]:
     return json.loads(stdout.strip().splitlines()[-1]), usage.ru_maxrss * 1024.0  # Linux: KiB
 
 
+def measured_peaks(loom: str, env: dict) -> dict:
+    """This machine's GEMM peak per precision, measured now (`loom info` with an empty probe cache).
+
+    Why: MFU is tokens/s against the peak, and on a shared VM the peak itself drifts by 5-10% over an
+    hour; a peak cached earlier in the day would move every MFU figure by as much.
+    """
+    with tempfile.TemporaryDirectory() as cache:
+        p = subprocess.run([loom, "info"], capture_output=True, text=True, env=dict(env, LOOM_CACHE_DIR=cache),
+                           cwd=ROOT)
+    peaks = {}
+    for line in p.stdout.splitlines():  # "peak BF16 GEMM: 726.6 GFLOP/s (measured)"
+        if line.startswith("peak ") and "GFLOP/s" in line:
+            dtype = line.split()[1].lower()
+            peaks["fp32" if dtype == "f32" else dtype] = float(line.split(":")[1].split()[0]) * 1e9
+    if not peaks:
+        sys.exit(f"could not read the GEMM peaks from `loom info`:\n{p.stdout}{p.stderr}")
+    return peaks
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="mini", choices=["mini", "llama-mini", "gpt2-124m"])
@@ -63,12 +83,14 @@ def main() -> int:
           f"{'loom RSS':>16}{'torch RSS':>11}  torch BLAS")
     for prec in args.precisions.split(","):
         loom, torch, mfu, loom_rss, loom_tracked, torch_rss, blas = [], [], [], [], [], [], ""
+        peak = measured_peaks(args.loom, env)[prec]
+        loom_env = dict(env, LOOM_PEAK_FLOPS=str(peak))  # MFU against the peak measured just now
         for _ in range(args.rounds):
             l, rss = run_json([args.loom, "train", "--set", f"model.preset={args.preset}", "--set", f"precision={prec}",
                                "--set", f"train.steps={args.steps}", "--set", f"train.batch_size={args.batch}",
                                "--set", f"train.seq_len={args.seq}", "--set", "train.eval_every=0", "--set",
                                "checkpoint.save_every=0", "--set", "train.out_dir=/tmp/loom-bench", "--set",
-                               "trace.summary=false", "--quiet", "--json"], env)
+                               "trace.summary=false", "--quiet", "--json"], loom_env)
             loom.append(l["tokens_per_s"])
             mfu.append(l["mfu"])
             loom_rss.append(rss)
@@ -84,7 +106,8 @@ def main() -> int:
         mib = 1 / (1 << 20)
         loom_mem = f"{statistics.median(loom_rss) * mib:.0f} ({statistics.median(loom_tracked) * mib:.0f})"
         print(f"{prec:<10}{lm:>12.0f}{tm:>13.0f}{lm / tm:>7.2f}x{100 * statistics.median(mfu):>9.1f}%"
-              f"{loom_mem:>16}{statistics.median(torch_rss) * mib:>11.0f}  {blas}", flush=True)
+              f"{loom_mem:>16}{statistics.median(torch_rss) * mib:>11.0f}  {blas}; peak {peak / 1e9:.0f} GFLOP/s",
+              flush=True)
     return 0
 
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "loom/core/bf16.h"
+#include "loom/error.h"
 #include "loom/kernels/gemm.h"
 
 using namespace loom;
@@ -20,7 +21,7 @@ std::vector<double> naive(const GemmDesc& d, const std::vector<float>& A, const 
       for (int64_t k = 0; k < d.K; ++k)
         acc += double(A[d.trans_a ? k * d.M + m : m * d.K + k]) * B[d.trans_b ? n * d.K + k : k * d.N + n];
       if (d.bias) acc += bias[n];
-      if (d.accumulate) acc += C0[m * d.N + n];
+      if (d.accumulate || d.residual) acc += C0[m * d.N + n];
       C[m * d.N + n] = acc;
     }
   return C;
@@ -45,9 +46,10 @@ void check(GemmDesc d, uint32_t seed) {
   const void* b = d.ab_type == DType::BF16 ? static_cast<const void*>(Bb.data()) : B.data();
   auto expect = naive(d, A, B, C0, bias);
   Allocator alloc;
-  std::vector<float> C = C0, R = C0;
-  gemm(d, a, b, C.data(), bias.data(), alloc);
-  gemm_reference(d, a, b, R.data(), bias.data());
+  // A residual epilogue adds C0 from its own tensor into an output that starts as garbage.
+  std::vector<float> C = d.residual ? std::vector<float>(C0.size(), 1e30f) : C0, R = C;
+  gemm(d, a, b, C.data(), bias.data(), alloc, d.residual ? C0.data() : nullptr);
+  gemm_reference(d, a, b, R.data(), bias.data(), d.residual ? C0.data() : nullptr);
   for (size_t i = 0; i < C.size(); ++i) {
     double tol = 1e-5 * (std::abs(expect[i]) + std::sqrt(double(d.K)));
     ASSERT_NEAR(C[i], expect[i], tol) << "oneDNN, element " << i;
@@ -70,6 +72,41 @@ TEST(Gemm, Bf16OperandsAccumulateInF32) {
     for (bool tb : {false, true})
       check({.M = 64, .N = 48, .K = 96, .trans_a = ta, .trans_b = tb, .ab_type = DType::BF16, .accumulate = ta},
             seed++);
+}
+
+// A residual connection added in the epilogue (binary post-op) instead of copied into C and accumulated:
+// against float64, and bit for bit what the copy-then-accumulate path gives (the same one addition of
+// the residual after the bias), in f32 and bf16.
+TEST(Gemm, ResidualEpilogueIsTheCopyThenAccumulateWithoutTheCopy) {
+  uint32_t seed = 300;
+  for (DType t : {DType::F32, DType::BF16})
+    for (bool bias : {false, true}) {
+      const GemmDesc d{.M = 70, .N = 48, .K = 96, .trans_b = true, .ab_type = t, .bias = bias, .residual = true};
+      check(d, seed++);
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> dist;
+      std::vector<float> A(d.M * d.K), B(d.N * d.K), res(d.M * d.N), b(d.N);
+      for (auto* v : {&A, &B, &res, &b})
+        for (auto& x : *v) x = dist(rng);
+      std::vector<bf16> Ab(A.size()), Bb(B.size());
+      for (size_t i = 0; i < A.size(); ++i) Ab[i] = f32_to_bf16(A[i]);
+      for (size_t i = 0; i < B.size(); ++i) Bb[i] = f32_to_bf16(B[i]);
+      const void* a = t == DType::BF16 ? static_cast<const void*>(Ab.data()) : A.data();
+      const void* bb = t == DType::BF16 ? static_cast<const void*>(Bb.data()) : B.data();
+      Allocator alloc;
+      std::vector<float> fused(res.size(), -7.0f), copied = res;
+      gemm(d, a, bb, fused.data(), b.data(), alloc, res.data());
+      GemmDesc acc = d;
+      acc.residual = false, acc.accumulate = true;
+      gemm(acc, a, bb, copied.data(), b.data(), alloc);
+      EXPECT_EQ(fused, copied) << dtype_name(t) << (bias ? " with bias" : "");
+    }
+  // A residual that is C itself, or missing, is refused (use accumulate).
+  Allocator alloc;
+  std::vector<float> x(16, 1.0f), c(16);
+  const GemmDesc d{.M = 4, .N = 4, .K = 4, .residual = true};
+  EXPECT_THROW(gemm(d, x.data(), x.data(), c.data(), nullptr, alloc, c.data()), ShapeError);
+  EXPECT_THROW(gemm(d, x.data(), x.data(), c.data(), nullptr, alloc, nullptr), ShapeError);
 }
 
 TEST(Gemm, ReportsTheChosenImplementationAndBf16Mode) {

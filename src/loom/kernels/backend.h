@@ -29,6 +29,10 @@ class Backend {
   // y[N,OC] (+)= x[N,IC] . w[OC,IC]^T (+ b[OC]); x and w both f32 or both bf16; y, b f32.
   virtual void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b,
                               bool accumulate) = 0;
+  // y[N,OC] = residual[N,OC] + x . w^T (+ b): a residual connection added in the GEMM's epilogue (no
+  // copy of it into y first). residual f32, and not y itself (then use linear_forward's accumulate).
+  virtual void linear_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x, const Tensor& w,
+                                  const Tensor* b) = 0;
   // dx (+)= dy . w (skipped when dx is null); dw += dy^T . x (skipped when dw is undefined: then x is
   // not read, only its shape checked); db += column sums of dy (when non-null). dy is f32, or what
   // prepare_output_grad returned (then db is null: the bias gradient was taken there). When x and w are

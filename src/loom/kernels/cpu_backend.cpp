@@ -68,16 +68,30 @@ void* CpuBackend::scratch(size_t bytes) {
 }
 
 void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, bool accumulate) {
+  linear_forward_gemm(y, nullptr, x, w, b, accumulate);
+}
+
+void CpuBackend::linear_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x, const Tensor& w,
+                                    const Tensor* b) {
+  expect_f32(residual, "linear_forward_add", "residual");
+  expect(residual.shape() == y.shape() && residual.raw() != y.raw(),
+         "linear_forward_add: the residual " + sh(residual) + " must be shaped as y " + sh(y) + " and not be y");
+  linear_forward_gemm(y, &residual, x, w, b, false);
+}
+
+void CpuBackend::linear_forward_gemm(const Tensor& y, const Tensor* residual, const Tensor& x, const Tensor& w,
+                                     const Tensor* b, bool accumulate) {
   expect(x.dtype() == w.dtype(), "linear: input " + sh(x) + " and weight " + sh(w) + " must share a dtype");
   expect(w.shape().rank() == 2 && cols(x) == w.dim(1) && rows(y) == rows(x) && cols(y) == w.dim(0),
          "linear: y " + sh(y) + " != x " + sh(x) + " . w^T " + sh(w));
   expect_f32(y, "linear", "output");
   GemmDesc d{.M = rows(x), .N = w.dim(0), .K = w.dim(1), .trans_b = true, .ab_type = x.dtype(),
-             .accumulate = accumulate, .bias = b != nullptr};
+             .accumulate = accumulate, .bias = b != nullptr, .residual = residual != nullptr};
   auto c = gemm_cost(d);
   Span span(tracer_, "gemm_fwd", Category::Gemm, c.flops, c.bytes);
   std::vector<float> bias;
-  gemm(d, x.raw(), w.raw(), y.data<float>(), b ? f32_weights(*b, bias) : nullptr, alloc_);
+  gemm(d, x.raw(), w.raw(), y.data<float>(), b ? f32_weights(*b, bias) : nullptr, alloc_,
+       residual ? residual->data<float>() : nullptr);
 }
 
 namespace {

@@ -17,6 +17,8 @@ class CpuBackend final : public Backend {
   int threads() const { return threads_; }
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, bool accumulate) override;
+  void linear_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x, const Tensor& w,
+                          const Tensor* b) override;
   Tensor prepare_output_grad(const Tensor& dy, const Tensor* db, const Tensor& w) override;
   Tensor activation_backward_output_grad(Activation act, const Tensor& d_pre, const Tensor& pre, const Tensor& d_act,
                                          const Tensor* db, const Tensor& w) override;
@@ -64,6 +66,9 @@ class CpuBackend final : public Backend {
   // Grow-only scratch for the bf16 copy of a gradient: allocating it per call would pay the page
   // faults of a fresh mapping (tens of MB for the LM head) on every backward pass.
   void* scratch(size_t bytes);
+  // linear_forward and linear_forward_add: one GEMM, with C accumulated into or a residual added.
+  void linear_forward_gemm(const Tensor& y, const Tensor* residual, const Tensor& x, const Tensor& w, const Tensor* b,
+                           bool accumulate);
 
   Allocator& alloc_;
   profile::Tracer* tracer_;

@@ -20,7 +20,7 @@ struct DescHash {
     h = h * 1000003u ^ std::hash<int64_t>()(d.N);
     h = h * 1000003u ^ std::hash<int64_t>()(d.K);
     h = h * 31u + (d.trans_a ? 1u : 0u) + (d.trans_b ? 2u : 0u) + (d.accumulate ? 4u : 0u) + (d.bias ? 8u : 0u) +
-        (d.runtime_shape ? 16u : 0u) + (static_cast<size_t>(d.ab_type) << 5);
+        (d.runtime_shape ? 16u : 0u) + (d.residual ? 32u : 0u) + (static_cast<size_t>(d.ab_type) << 6);
     return h;
   }
 };
@@ -46,13 +46,13 @@ dt to_dnnl(DType t) {
 
 struct Prepared {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c, bias;
+  dnnl::memory::desc a, b, c, bias, residual;
 };
 
 // The operands' memory descriptions: row-major storage, a transpose just swapped strides (no copy is
 // ever made). With run-time dimensions every size and stride is DNNL_RUNTIME_DIM_VAL.
 struct Descs {
-  dnnl::memory::desc a, b, c, bias;
+  dnnl::memory::desc a, b, c, bias, residual;
 };
 Descs describe(const GemmDesc& d, DType ab, bool runtime) {
   using dims = dnnl::memory::dims;
@@ -64,6 +64,7 @@ Descs describe(const GemmDesc& d, DType ab, bool runtime) {
   s.b = dnnl::memory::desc({K, N}, t, d.trans_b ? dims{1, K} : dims{N, 1});
   s.c = dnnl::memory::desc({M, N}, dt::f32, dims{N, 1});
   if (d.bias) s.bias = dnnl::memory::desc({1, N}, dt::f32, dims{N, 1});
+  if (d.residual) s.residual = s.c;
   return s;
 }
 
@@ -71,14 +72,19 @@ Prepared make_primitive(const GemmDesc& d, DType ab) {
   const Descs s = describe(d, ab, d.runtime_shape);
   const auto &a = s.a, &b = s.b, &c = s.c, &bias = s.bias;
   dnnl::primitive_attr attr;
-  if (d.accumulate) {
+  if (d.accumulate || d.residual) {
+    // Either adds what C held (sum) or another tensor (binary add), after the bias: the same one
+    // addition per element either way, so a residual read here rounds as a copy into C then += would.
     dnnl::post_ops po;
-    po.append_sum(1.0f);
+    if (d.accumulate)
+      po.append_sum(1.0f);
+    else
+      po.append_binary(dnnl::algorithm::binary_add, s.residual);
     attr.set_post_ops(po);
   }
   auto op = d.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
   dnnl::matmul::primitive_desc pd(op, attr, engine().engine);
-  return {dnnl::matmul(pd), a, b, c, bias};
+  return {dnnl::matmul(pd), a, b, c, bias, s.residual};
 }
 
 class PrimitiveCache {
@@ -122,7 +128,7 @@ void widen(float* out, const bf16* in, int64_t n) {
 std::string GemmDesc::str() const {
   return "gemm M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
          (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") + " " + std::string(dtype_name(ab_type)) +
-         (accumulate ? " +=" : "");
+         (accumulate ? " +=" : "") + (residual ? " +R" : "");
 }
 
 Bf16GemmMode gemm_bf16_mode() {
@@ -143,12 +149,15 @@ std::string gemm_impl_name(DType ab_type) {
   }
 }
 
-void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias, Allocator& workspace) {
+void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias, Allocator& workspace,
+          const float* residual) {
   if (d.M <= 0 || d.N <= 0 || d.K <= 0) {
     if (d.M < 0 || d.N < 0 || d.K < 0) throw ShapeError("negative dimension in " + d.str());
     if (!d.accumulate && d.M > 0 && d.N > 0) std::memset(C, 0, sizeof(float) * d.M * d.N);
     return;
   }
+  if (d.residual && (d.accumulate || d.runtime_shape || residual == nullptr || residual == C))
+    throw ShapeError(d.str() + ": a residual epilogue needs its own [M, N] tensor, a fixed shape and no accumulation");
   if (A == nullptr || B == nullptr || C == nullptr || (d.bias && bias == nullptr))
     throw ShapeError(d.str() + ": an operand pointer is null (A " + std::to_string(A != nullptr) + " B " + std::to_string(B != nullptr) + " C " + std::to_string(C != nullptr) + ")");
   DType ab = d.ab_type;
@@ -165,23 +174,27 @@ void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float
   const Prepared& p = cache().get(d, ab);
   auto& e = engine();
   // A run-time-shaped primitive executes on memory described with this call's sizes.
-  const Descs s = d.runtime_shape ? describe(d, ab, false) : Descs{p.a, p.b, p.c, p.bias};
+  const Descs s = d.runtime_shape ? describe(d, ab, false) : Descs{p.a, p.b, p.c, p.bias, p.residual};
   dnnl::memory ma(s.a, e.engine, const_cast<void*>(A));
   dnnl::memory mb(s.b, e.engine, const_cast<void*>(B));
   dnnl::memory mc(s.c, e.engine, C);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
   if (d.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(s.bias, e.engine, const_cast<float*>(bias)));
+  if (d.residual)
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 dnnl::memory(s.residual, e.engine, const_cast<float*>(residual)));
   p.prim.execute(e.stream, args);
   e.stream.wait();
 }
 
 KernelCost gemm_cost(const GemmDesc& d) {
   double elt = d.ab_type == DType::BF16 ? 2.0 : 4.0;
-  double bytes = elt * static_cast<double>(d.M * d.K + d.K * d.N) + 4.0 * d.M * d.N * (d.accumulate ? 2 : 1);
+  double bytes = elt * static_cast<double>(d.M * d.K + d.K * d.N) + 4.0 * d.M * d.N * (d.accumulate || d.residual ? 2 : 1);
   return {2.0 * d.M * d.N * d.K, bytes};
 }
 
-void gemm_reference(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias) {
+void gemm_reference(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias,
+                    const float* residual) {
   auto load = [&](const void* p, int64_t idx) {
     return d.ab_type == DType::BF16 ? bf16_to_f32(static_cast<const bf16*>(p)[idx]) : static_cast<const float*>(p)[idx];
   };
@@ -194,6 +207,7 @@ void gemm_reference(const GemmDesc& d, const void* A, const void* B, float* C, c
         acc += a * b;
       }
       if (d.bias) acc += bias[n];
+      if (d.residual) acc += residual[m * d.N + n];
       C[m * d.N + n] = d.accumulate ? C[m * d.N + n] + acc : acc;
     }
 }

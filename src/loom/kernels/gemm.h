@@ -23,6 +23,9 @@ struct GemmDesc {
   DType ab_type = DType::F32;  // F32 or BF16 for both A and B; C is always F32
   bool accumulate = false;   // C += result (gradient accumulation) instead of C = result
   bool bias = false;         // add bias[N] (F32) to each row
+  // C = result + R for an [M, N] f32 R (row stride N) read in the epilogue (oneDNN's binary post-op):
+  // a residual connection without copying R into C first. Not with `accumulate` or `runtime_shape`.
+  bool residual = false;
   // The shape changes from call to call (a mixture of experts' rows per expert): one primitive with
   // run-time dimensions serves every shape of these flags, instead of one primitive -- and its JIT
   // compilation, ~1 ms -- per shape (measured: new primitive per call 283 GFLOP/s, run-time shape
@@ -33,8 +36,10 @@ struct GemmDesc {
   std::string str() const;
 };
 
-// Runs the GEMM. `workspace` is used only by the bf16 fallback (widened operands).
-void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias, Allocator& workspace);
+// Runs the GEMM. `workspace` is used only by the bf16 fallback (widened operands); `residual` is R of
+// GemmDesc::residual (may not alias C).
+void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias, Allocator& workspace,
+          const float* residual = nullptr);
 KernelCost gemm_cost(const GemmDesc& d);
 
 enum class Bf16GemmMode { Native, WidenToF32 };
@@ -45,6 +50,7 @@ Bf16GemmMode gemm_bf16_mode();
 std::string gemm_impl_name(DType ab_type);
 
 // Plain triple loop in f32 (reads bf16 operands when ab_type is BF16): the oracle for tests.
-void gemm_reference(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias);
+void gemm_reference(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias,
+                    const float* residual = nullptr);
 
 }  // namespace loom::kernels

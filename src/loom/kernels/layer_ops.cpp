@@ -15,11 +15,18 @@ void LayerOps::column_backward(const Tensor* dx, const LinearWeights& l, const T
   be_.linear_backward(dx, false, l.dw, dbias(l), dy, x, l.w);
 }
 
-void LayerOps::row_forward_add(const Tensor& y, const Tensor& x, const LinearWeights& l) {
-  be_.linear_forward(y, x, l.w, bias(l), true);
+void LayerOps::row_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x, const LinearWeights& l) {
+  if (residual.raw() == y.raw())
+    be_.linear_forward(y, x, l.w, bias(l), true);
+  else
+    be_.linear_forward_add(y, residual, x, l.w, bias(l));
 }
 
-void LayerOps::add_group_sum(const Tensor& y, const Tensor& partial) { be_.add(y, y, partial); }
+void LayerOps::add_group_sum(const Tensor& y, const Tensor& partial) { add_group_sum(y, y, partial); }
+
+void LayerOps::add_group_sum(const Tensor& y, const Tensor& residual, const Tensor& partial) {
+  be_.add(y, residual, partial);
+}
 
 void LayerOps::row_backward(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x) {
   be_.linear_backward(&dx, false, l.dw, dbias(l), dy, x, l.w);

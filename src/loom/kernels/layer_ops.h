@@ -51,8 +51,9 @@ class LayerOps {
   virtual void column_forward(const Tensor& y, const Tensor& x, const LinearWeights& l);
   // dx[N, IC] = dy . w summed over the group (skipped when dx is null); dw += dy^T . x; db += sum dy.
   virtual void column_backward(const Tensor* dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
-  // y[N, OC] += sum over the group of x[N, IC/tp] . w^T, plus b once.
-  virtual void row_forward_add(const Tensor& y, const Tensor& x, const LinearWeights& l);
+  // y[N, OC] = residual + sum over the group of x[N, IC/tp] . w^T, plus b once. residual may be y itself
+  // (an accumulation); otherwise it is added where the sum is formed (a GEMM's epilogue), never copied.
+  virtual void row_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x, const LinearWeights& l);
   // dx[N, IC/tp] = dy . w; dw += dy^T . x; db += sum dy (dy whole on every rank).
   virtual void row_backward(const Tensor& dx, const LinearWeights& l, const Tensor& dy, const Tensor& x);
 
@@ -71,7 +72,9 @@ class LayerOps {
   // parallelism); without it x is whole already and is returned as is.
   virtual Tensor whole_rows(const Tensor& x, const Tensor& /*whole*/) { return x; }
   // y [N / shards, C] += this rank's rows of partial [N, C] summed over the group (partial is clobbered).
-  virtual void add_group_sum(const Tensor& y, const Tensor& partial);
+  void add_group_sum(const Tensor& y, const Tensor& partial);
+  // y = residual + partial summed over the group (residual may be y).
+  virtual void add_group_sum(const Tensor& y, const Tensor& residual, const Tensor& partial);
   // t summed over the group in place (nothing to do alone).
   virtual void sum_over_group(const Tensor& /*t*/) {}
 

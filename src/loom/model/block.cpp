@@ -167,8 +167,7 @@ void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, cons
   ops_.column_forward(a.qkv, a.n1_lp, w.qkv);
   attention.forward(a.att, a.lse, a.qkv);
   to_gemm_input(a.att_lp, a.att, layer, Fp8Linear::Out);
-  a.x_mid.copy_from(x_in);
-  ops_.row_forward_add(a.x_mid, a.att_lp, w.out);
+  ops_.row_forward_add(a.x_mid, x_in, a.att_lp, w.out);
   // MLP sub-layer: x_out = x_mid + down(act(up(norm2(x_mid)))); up column-, down row-parallel.
   norm_forward(w.norm2, a.n2_out, a.n2_mean, a.n2_rstd, a.x_mid);
   to_gemm_input(a.n2_lp, a.n2_out, layer, Fp8Linear::Up);
@@ -188,8 +187,7 @@ void BlockRunner::forward(const BlockWeights& weights, BlockActivations& a, cons
   else
     be_.gelu_forward(act_out, a.h_pre);
   if (!fused_cast) to_gemm_input(a.h_act_lp, a.h_act, layer, Fp8Linear::Down);
-  x_out.copy_from(a.x_mid);
-  ops_.row_forward_add(x_out, a.h_act_lp, w.down);
+  ops_.row_forward_add(x_out, a.x_mid, a.h_act_lp, w.down);
 }
 
 }  // namespace loom::model

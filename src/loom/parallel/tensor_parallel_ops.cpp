@@ -153,25 +153,26 @@ void TensorParallelOps::column_backward(const Tensor* dx, const kernels::LinearW
   }
 }
 
-void TensorParallelOps::row_forward_add(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) {
+void TensorParallelOps::row_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x,
+                                        const kernels::LinearWeights& l) {
   // Each rank's partial product, the bias on rank 0 only, summed over the group (under SP scattered to
-  // the rows each rank holds), then added to the residual stream y.
+  // the rows each rank holds), then added to the residual stream into y.
   Tensor partial = scratch(kPartial, {x.dim(0), l.w.dim(0)}, DType::F32);
   be_.linear_forward(partial, x, l.w, l.has_bias() && rank_ == 0 ? &l.b : nullptr, false);
-  add_group_sum(y, partial);
+  add_group_sum(y, residual, partial);
 }
 
-void TensorParallelOps::add_group_sum(const Tensor& y, const Tensor& partial) {
+void TensorParallelOps::add_group_sum(const Tensor& y, const Tensor& residual, const Tensor& partial) {
   if (!options_.sequence_parallel) {
     all_reduce(partial, "tp_all_reduce_out", "tp_all_reduce_out.wait");
-    be_.add(y, y, partial);
+    be_.add(y, residual, partial);
     return;
   }
   Tensor mine = scratch(kRowsOut, y.shape(), DType::F32);
   Pending p = issue(tp_.reduce_scatter(partial.raw(), mine.raw(), static_cast<size_t>(mine.numel()), DType::F32),
                     "tp_reduce_scatter_out", "tp_reduce_scatter_out.wait", static_cast<double>(partial.nbytes()));
   wait(p);
-  be_.add(y, y, mine);
+  be_.add(y, residual, mine);
 }
 
 Tensor TensorParallelOps::whole_rows(const Tensor& x, const Tensor& whole) {

@@ -45,10 +45,12 @@ class TensorParallelOps : public kernels::LayerOps {
 
   void column_forward(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) override;
   void column_backward(const Tensor* dx, const kernels::LinearWeights& l, const Tensor& dy, const Tensor& x) override;
-  void row_forward_add(const Tensor& y, const Tensor& x, const kernels::LinearWeights& l) override;
+  void row_forward_add(const Tensor& y, const Tensor& residual, const Tensor& x,
+                       const kernels::LinearWeights& l) override;
   void row_backward(const Tensor& dx, const kernels::LinearWeights& l, const Tensor& dy, const Tensor& x) override;
   Tensor whole_rows(const Tensor& x, const Tensor& whole) override;
-  void add_group_sum(const Tensor& y, const Tensor& partial) override;
+  using kernels::LayerOps::add_group_sum;
+  void add_group_sum(const Tensor& y, const Tensor& residual, const Tensor& partial) override;
   void sum_over_group(const Tensor& t) override;
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe) override;
   void embedding_backward(const Tensor& dwte, const Tensor* dwpe, const Tensor& dout, const Tensor& tokens) override;
