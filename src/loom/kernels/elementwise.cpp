@@ -61,7 +61,6 @@ void add_column_partials_range(float* __restrict dsum, const float* __restrict p
   }
 }
 
-
 inline float widen(float v) { return v; }
 inline float widen(bf16 v) { return bf16_to_f32(v); }
 

@@ -100,7 +100,8 @@ void vocab_shard_partials(float* partials, float* logits, const int32_t* targets
 void vocab_shard_finish(float* losses, float* dlogits, const int32_t* targets, const float* gathered, int ranks,
                         int rank, int64_t N, int64_t V, int64_t vocab_size, float grad_scale);
 
-// ---- bias gradient: dbias[j] += sum_n dout[n, j] (deterministic for a given thread count) ----
+// ---- bias gradient: dbias[j] += sum_n dout[n, j], summed over fixed blocks of rows (bitwise the same for
+// any thread count, and as the fused dY cast and GELU backward sum it) ----
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC);
 KernelCost bias_backward_cost(int64_t N, int64_t OC);
 

@@ -52,9 +52,8 @@ void parallel_ranges(int64_t n, int64_t serial_below, int64_t align, Body&& body
 }
 
 // Runs body(c0, c1) on each thread's block of the C columns (cache-line aligned) of an [N, C] array, for
-// kernels that sum down columns (bias and embedding gradients): each column is summed in row order by
-// one thread, so the sums do not depend on how rows would have been split. One thread below
-// `serial_below` elements.
+// kernels that scatter or sum down columns (the embedding gradient): each column is handled in row order
+// by one thread. One thread below `serial_below` elements. (Bias gradients use blocked_column_sums.)
 template <class Body>
 void parallel_columns(int64_t N, int64_t C, int64_t serial_below, Body&& body) {
   if (N <= 0 || C <= 0) return;
