@@ -86,6 +86,14 @@ TEST(HardwareFile, FiguresThatAreNotFiniteOrTooLargeAreRefused) {
     text.replace(text.find("devices = 8"), 11, std::string("devices = ") + v);
     EXPECT_NE(error_of([&] { parse_hardware(text, "h.toml"); }).find("h.toml"), std::string::npos) << v;
   }
+  // The compute slowdown under overlapped collectives is a fraction; 0 (the default) makes overlap free.
+  EXPECT_EQ(parse_hardware(kHardware, "h.toml").efficiency.overlap_slowdown, 0);
+  EXPECT_EQ(parse_hardware(kHardware + "[efficiency]\noverlap_slowdown = 0.25\n", "h.toml").efficiency.overlap_slowdown,
+            0.25);
+  for (const char* v : {"-0.1", "1.5", "nan"}) {
+    const std::string e = error_of([&] { parse_hardware(kHardware + "[efficiency]\noverlap_slowdown = " + v + "\n", "h.toml"); });
+    EXPECT_NE(e.find("h.toml: 'efficiency.overlap_slowdown'"), std::string::npos) << v << ": " << e;
+  }
 }
 
 TEST(ValidationFile, PublishedResultsParseRowByRow) {

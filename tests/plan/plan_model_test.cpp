@@ -230,6 +230,39 @@ TEST(TimeModel, TpOverlapHidesCollectivesUnderTheBlocksGemms) {
   EXPECT_DOUBLE_EQ(step_time(l, j).tp, plain);
 }
 
+// Overlapped communication is not free: compute under it runs efficiency.overlap_slowdown slower
+// (on GPUs the collective's kernels take SMs and memory bandwidth). A gradient all-reduce the backward
+// hides entirely costs that fraction of its own time; exposed, it costs all of it; with no slowdown
+// the overlap is free, as before.
+TEST(TimeModel, OverlappedCommunicationSlowsTheComputeUnderIt) {
+  Job j = megatron_job("llama3-8b", 8, 256);
+  const Layout l{.dp = 8, .micro_batch = 1, .recompute = Recompute::Full};
+  const StepTime exposed = step_time(l, j);  // dp_overlap off: the all-reduce is all exposed
+  ASSERT_GT(exposed.dp, 0);
+  EXPECT_EQ(exposed.overlap, 0);
+  j.software.dp_overlap = true;
+  j.cluster.hw.efficiency.overlap_slowdown = 0;
+  const StepTime free_overlap = step_time(l, j);
+  ASSERT_EQ(free_overlap.dp, 0) << "32 micro-batches: the last one's backward hides the all-reduce";
+  EXPECT_EQ(free_overlap.overlap, 0);
+  EXPECT_NEAR(exposed.total - free_overlap.total, exposed.dp, 1e-9 * exposed.total);
+  for (double s : {0.189, 0.4}) {
+    j.cluster.hw.efficiency.overlap_slowdown = s;
+    const StepTime slowed = step_time(l, j);
+    EXPECT_NEAR(slowed.overlap, s * exposed.dp, 1e-9 * exposed.dp) << s;
+    EXPECT_DOUBLE_EQ(slowed.compute, free_overlap.compute);
+    EXPECT_NEAR(slowed.total, free_overlap.total + slowed.overlap, 1e-12 * slowed.total);
+    EXPECT_LT(slowed.total, exposed.total);  // still better than not overlapping
+  }
+  // ZeRO-3's gathers, hidden under a layer each, slow it too: linearly in the slowdown.
+  const Layout z3{.dp = 8, .micro_batch = 1, .zero = 3, .recompute = Recompute::Full};
+  j.cluster.hw.efficiency.overlap_slowdown = 0.2;
+  const double a = step_time(z3, j).overlap;
+  j.cluster.hw.efficiency.overlap_slowdown = 0.4;
+  EXPECT_GT(a, 0);
+  EXPECT_NEAR(step_time(z3, j).overlap, 2 * a, 1e-9 * a);
+}
+
 TEST(CollectiveCost, AlphaBetaWithNcclTestsBusBandwidthFactors) {
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllReduce, 8), 2 * 7.0 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllGather, 4), 3.0 / 4);

@@ -37,7 +37,7 @@ std::string row(const std::string& extra) {
 
 }  // namespace
 
-TEST(Validation, HeldOutRowsFromOtherSourcesMeetTheMeanAndConstantBars) {
+TEST(Validation, HeldOutRowsFromOtherSourcesMeetTheMeanWorstAndConstantBars) {
   const ValidationReport rep = validate_files({kPapers, kOthers}, kDirs);
   ASSERT_EQ(rep.sets.count("held-out"), 1u);
   const SetErrors& held = rep.sets.at("held-out");
@@ -50,9 +50,10 @@ TEST(Validation, HeldOutRowsFromOtherSourcesMeetTheMeanAndConstantBars) {
   EXPECT_LE(held.mean, 0.10);
   EXPECT_LE(held.ratio(), 0.6);
   EXPECT_GT(held.constant_mean, 0.15);  // the bar is a real one: no single utilisation fits these rows
-  // The worst-row bar (20%) is not met: MPT's 13B on 64 H100s at micro-batch 2 (FSDP, no
-  // recompute) is predicted 37% fast. Held here so it cannot grow unnoticed.
-  EXPECT_LE(held.worst, 0.40);
+  // The worst-row bar. MPT's 13B on 64 H100s at micro-batch 2 (FSDP, no recompute) was 37% fast
+  // while overlapped collectives were free; with the GPUs' overlap_slowdown (a published figure, not
+  // fitted) it is the worst line at ~15%.
+  EXPECT_LE(held.worst, 0.20);
   // The Megatron-paper rows keep their own bars with the new rows beside them.
   const ValidationReport papers = validate_file(kPapers, kDirs);
   EXPECT_LE(papers.throughput_mean, 0.10);

@@ -63,7 +63,7 @@ nlohmann::json to_json(const plan::Candidate& c, const plan::Job& j) {
           {"step_s", t.total}, {"tokens_per_s", plan::tokens_per_s(t, j)}, {"mfu", plan::mfu(t, j)},
           {"breakdown_s", {{"compute", t.compute}, {"memory_bound", t.memory_bound}, {"comm_exposed", t.comm_exposed},
                            {"bubble", t.bubble}, {"recompute", t.recompute}, {"tp", t.tp}, {"cp", t.cp}, {"ep", t.ep},
-                           {"pp", t.pp}, {"dp", t.dp}, {"zero", t.zero}}},
+                           {"pp", t.pp}, {"dp", t.dp}, {"zero", t.zero}, {"overlap_slowdown", t.overlap}}},
           {"bound", t.bound()}};
 }
 
@@ -79,8 +79,12 @@ void explain(const plan::Candidate& c, const plan::Job& j) {
              "optimizer {:.2f}, activations {:.2f}, logits {:.2f}, comm buffers {:.2f}\n",
              m.total / GiB, m.usable / GiB, 100 * j.memory_margin, m.weights / GiB, m.grads / GiB, m.optimizer / GiB,
              m.activations / GiB, m.logits / GiB, m.comm_buffers / GiB);
-  fmt::print("  step {:.3f} s = compute {:.3f} + memory-bound {:.3f} + exposed comm {:.3f} + bubble {:.3f}\n", t.total,
+  fmt::print("  step {:.3f} s = compute {:.3f} + memory-bound {:.3f} + exposed comm {:.3f} + bubble {:.3f}", t.total,
              t.compute, t.memory_bound, t.comm_exposed, t.bubble);
+  if (t.overlap > 0)
+    fmt::print(" + compute slowed under overlapped comm {:.3f} (efficiency.overlap_slowdown {:.3g})", t.overlap,
+               j.cluster.hw.efficiency.overlap_slowdown);
+  fmt::print("\n");
   fmt::print("  exposed comm: tp {:.3f}, cp {:.3f}, ep {:.3f}, pp {:.3f}, dp {:.3f}, zero {:.3f}; recompute {:.3f} s\n",
              t.tp, t.cp, t.ep, t.pp, t.dp, t.zero, t.recompute);
   fmt::print("  model FLOPs/step {:.3e}, executed {:.3e}; {:.0f} tokens/s, MFU {:.1f}% -> bound by {}\n", t.model_flops,

@@ -117,8 +117,12 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   e.gemm_half_dim = r.number("efficiency.gemm_half_dim", false, e.gemm_half_dim);
   e.memory = r.number("efficiency.memory", false, e.memory);
   e.link = r.number("efficiency.link", false, e.link);
+  e.overlap_slowdown = r.number("efficiency.overlap_slowdown", false, e.overlap_slowdown);
   for (double f : {e.gemm_max, e.memory, e.link})
     if (f <= 0 || f > 1) throw ConfigError(origin + ": efficiency figures must lie in (0, 1]");
+  if (e.overlap_slowdown < 0 || e.overlap_slowdown > 1)
+    throw ConfigError(fmt::format("{}: 'efficiency.overlap_slowdown' = {} must lie in [0, 1] (the fraction by which "
+                                  "compute slows while a collective overlaps it)", origin, e.overlap_slowdown));
   hw.efficiency = e;
   if (const toml::node* t = root.get("gemm_table")) {
     const toml::array* rows = t->as_array();
@@ -185,6 +189,8 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   out += section("efficiency") + fmt::format("gemm_max = {:.4g}\ngemm_half_dim = {:.4g}\nmemory = {:.4g}\nlink = {:.4g}\n",
                                              hw.efficiency.gemm_max, hw.efficiency.gemm_half_dim,
                                              hw.efficiency.memory, hw.efficiency.link);
+  if (hw.efficiency.overlap_slowdown > 0)
+    out += fmt::format("overlap_slowdown = {:.4g}\n", hw.efficiency.overlap_slowdown);
   if (!hw.gemm_table.empty()) {
     out += "\n" + comment(notes.count("gemm_table") ? notes.at("gemm_table") : std::string("GEMM shapes measured as a training step runs them (forward + both backward GEMMs)."));
     for (const auto& g : hw.gemm_table)

@@ -29,6 +29,11 @@ struct Efficiency {
   double gemm_half_dim = 96;   // a GEMM dimension of this size halves the efficiency it costs (d/(d+half))
   double memory = 0.80;        // fraction of memory bandwidth a streaming kernel reaches
   double link = 0.80;          // bus bandwidth a large collective reaches / link bandwidth
+  // Compute runs this fraction slower while a collective overlaps it: on a GPU the collective's kernels
+  // hold SMs and memory bandwidth, so "hidden" communication is not free (Lee et al. 2025, arXiv
+  // 2507.03114: 18.9% mean compute slowdown under overlap on A100 / H100 / MI250 / MI210). Each second of
+  // overlapped communication then costs this many seconds of the step. 0: overlap is free.
+  double overlap_slowdown = 0;
 };
 
 struct DeviceSpec {

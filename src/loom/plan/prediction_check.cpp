@@ -30,7 +30,7 @@ double PredictionCheck::worst_error() const {
 PredictionCheck check_prediction(const StepTime& p, const MeasuredStep& m, bool attention_flops_measured) {
   PredictionCheck out;
   out.classes = {
-      {"GEMM", p.compute, m.gemm,
+      {"GEMM", p.compute + p.overlap, m.gemm,
        "GEMM curve: device.peak_tflops x efficiency.gemm_max x d/(d + gemm_half_dim) per dimension"},
       {"attention", p.attention, m.attention,
        attention_flops_measured ? "device.attention_tflops (Loom's attention kernel, measured by loom calibrate)"

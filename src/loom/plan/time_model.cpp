@@ -225,8 +225,11 @@ StepTime step_time(const Layout& l, const Job& j) {
   const double tp_fwd = exposed(block_comm, lc.gemm_attn) + exposed(block_comm, lc.gemm_mlp);
   const double tp_bwd = exposed(bwd_block_comm, 2 * lc.gemm_attn) + exposed(bwd_block_comm, 2 * lc.gemm_mlp);
   double tp = tp_fwd + tp_bwd;
+  // Per block, the TP and CP traffic that runs under compute (slows it: efficiency.overlap_slowdown).
+  double hidden_block = 2 * block_comm + 2 * bwd_block_comm - tp + 3 * std::min(lc.cp_comm, lc.attn_core);
   double rec = 0;
   if (l.recompute == Recompute::Full) {
+    hidden_block += 2 * block_comm - tp_fwd + std::min(lc.cp_comm, lc.attn_core);
     comp += lc.gemm, mem += lc.memory + lc.cast_fwd, attn += lc.attn_core, tp += tp_fwd, ep += lc.ep_comm, cp += cp_fwd;
     rec = lc.gemm + lc.memory + lc.cast_fwd + lc.attn_core;
   } else if (l.recompute == Recompute::Selective && (!j.software.flash_attention || j.software.loom_engine)) {
@@ -340,11 +343,16 @@ StepTime step_time(const Layout& l, const Job& j) {
   const bool hides = !j.software.comm_on_compute_cores;
   const double window = j.software.dp_overlap && hides ? (layers * 2 * (lc.gemm + lc.memory + lc.attn_core)) : 0;
   st.dp = std::max(0.0, dp - (l.zero >= 2 ? m * window : window));
+  double hidden = m * layers * hidden_block + (dp - st.dp);
   // ZeRO-3: weights gathered for every micro-batch's forward and backward, prefetched a layer ahead.
   if (l.zero == 3) {
     const double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw);
     st.zero = hides ? m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers) : m * 2 * gather;
+    if (hides) hidden += m * std::max(0.0, std::min(2 * gather, per_mb) - 2 * gather / layers);  // 2 gather - exposed
   }
+  // Overlapped communication is not free: the compute under it runs slower by the device's
+  // overlap_slowdown (on GPUs, collective kernels take SMs and memory bandwidth from the GEMMs).
+  st.overlap = hw.efficiency.overlap_slowdown * hidden;
   // Optimizer step, bytes per local parameter: AdamW streams the fp32 master weight, m and v (read +
   // write: 24), reads the fp32 gradient (4) and writes the bf16 copy (2); gradient-norm clipping reads
   // the gradients once more (4) and the accumulation buffer is zeroed for the next step (4). Counted
@@ -356,7 +364,7 @@ StepTime step_time(const Layout& l, const Job& j) {
   st.memory_bound += layers * lc.fp8_weights * 4 / bw;
 
   st.comm_exposed = st.tp + st.cp + st.ep + st.pp + st.dp + st.zero;
-  st.total = st.compute + st.memory_bound + st.comm_exposed + st.bubble;
+  st.total = st.compute + st.memory_bound + st.comm_exposed + st.bubble + st.overlap;
   const double tokens = static_cast<double>(j.global_batch * j.seq);
   st.model_flops = flops_per_token(j.model, j.seq) * tokens;
   st.hardware_flops = (lc.flops * (l.recompute == Recompute::Full ? 4 : 3) * c.n_layers * (m * l.dp * l.cp) +

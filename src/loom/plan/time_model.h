@@ -25,6 +25,7 @@ struct StepTime {
   double memory_bound = 0;   // norms, activations, softmax, dropout, optimizer
   double comm_exposed = 0;   // communication not hidden behind compute
   double bubble = 0;         // pipeline fill and drain
+  double overlap = 0;        // compute slowed by the communication it hides (efficiency.overlap_slowdown)
   double recompute = 0;      // of compute + memory_bound: spent recomputing the forward
   double attention = 0;      // of memory_bound: the attention core (scores, softmax, weighted sum)
   // Exposed communication by kind (sums to comm_exposed).
