@@ -144,6 +144,15 @@ TEST(SoftwareProfile, CollectivesOnTheComputeCoresAreNeverHidden) {
     EXPECT_EQ(b.overlap, 0);
     EXPECT_NEAR(b.total - a.total, (b.dp + b.zero) - (a.dp + a.zero + a.overlap), 1e-12 * b.total);
   }
+  // TP's collectives too: Loom's overlap (weight-gradient GEMMs under the input-gradient collective)
+  // hides nothing when the collective needs the same cores.
+  hidden.software.tp_overlap = shared.software.tp_overlap = true;
+  const Layout tp{.dp = 2, .tp = 8, .micro_batch = 1, .sp = true};
+  const StepTime a = step_time(tp, hidden), b = step_time(tp, shared);
+  hidden.software.tp_overlap = false;
+  const StepTime plain = step_time(tp, hidden);
+  EXPECT_LT(a.tp, plain.tp);
+  EXPECT_DOUBLE_EQ(b.tp, plain.tp);
   EXPECT_NE(describe(shared.software).find("collectives on the compute cores"), std::string::npos);
   EXPECT_EQ(describe(hidden.software).find("collectives on the compute cores"), std::string::npos);
 }

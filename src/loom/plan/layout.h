@@ -44,7 +44,7 @@ struct Software {
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
   // The collectives move and sum data with the cores that compute (a CPU machine shared by its
   // ranks): hiding them under compute only takes the compute's cycles, so the data-parallel
-  // reduction and ZeRO-3's gathers are priced in full, never overlapped.
+  // reduction, ZeRO-3's gathers and TP's collectives are priced in full, never overlapped.
   bool comm_on_compute_cores = false;
   double grad_bytes = 4;        // gradients are accumulated and reduced in fp32
   bool sequence_parallel = true;  // the search may turn SP on with tp (false: the software has no SP)

@@ -218,7 +218,8 @@ StepTime step_time(const Layout& l, const Job& j) {
   // it (Megatron-Core's --tp-comm-overlap, which needs SP) each block's collectives are cut into tp
   // chunks that run under the block's GEMMs: exposed is what the GEMMs cannot cover, and at least the
   // one chunk that has nothing to hide behind.
-  const bool overlap = j.software.tp_overlap && l.sp && l.tp > 1;
+  // (Not on a machine whose collectives run on the compute cores: hiding them only takes the GEMMs' cycles.)
+  const bool overlap = j.software.tp_overlap && l.sp && l.tp > 1 && !j.software.comm_on_compute_cores;
   auto exposed = [&](double comm, double gemms) {
     return overlap ? std::max(comm / l.tp, comm - gemms) : comm;
   };
