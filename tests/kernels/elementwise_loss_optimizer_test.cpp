@@ -394,6 +394,22 @@ TEST_F(ElementwiseTest, SumSquaresMatchesFloat64AndIsDeterministic) {
   }
 }
 
+// The gradient accumulators are zeroed on every thread: exactly [0, n), whatever the split, and nothing
+// past it (the arena's next tensor).
+TEST_F(ElementwiseTest, FillZeroClearsExactlyTheRangeOnAnyThreadCount) {
+  for (int threads : {1, 3})
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{1000003}}) {
+      Vec x = normal(n + 5, 1.0f, 2.0f);
+      const Vec before = x;
+      Threads scope(threads);
+      fill_zero(x.data() + 1, n);
+      EXPECT_EQ(x[0], before[0]) << n;
+      for (int64_t i = 1; i <= n; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(x[i]), 0u) << "n=" << n << " i=" << i;
+      for (int64_t i = n + 1; i < n + 5; ++i) EXPECT_EQ(x[i], before[i]) << n;
+    }
+  EXPECT_EQ(fill_zero_cost(1000).bytes, 4000);
+}
+
 TEST_F(ElementwiseTest, FindNonFiniteReturnsLowestIndexOrMinusOne) {
   const int64_t n = 1000003;
   const Vec clean = normal(n, 0.0f, 1e30f);  // huge but finite

@@ -116,6 +116,10 @@ KernelCost adamw_cost(int64_t n);
 
 // ---- sum of squares in double, for the global gradient norm (deterministic for a thread count) ----
 double sum_squares(const float* x, int64_t n);
+KernelCost sum_squares_cost(int64_t n);
+// ---- x[0, n) = 0 on every thread (the gradient accumulators at the start of a step) ----
+void fill_zero(float* x, int64_t n);
+KernelCost fill_zero_cost(int64_t n);
 // ---- first non-finite element's index, or -1 ----
 int64_t find_non_finite(const float* x, int64_t n);
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "loom/error.h"
+#include "loom/kernels/elementwise.h"
 #include "loom/parallel/grad_buckets.h"
 
 namespace loom::parallel {
@@ -146,12 +147,12 @@ class Zero final : public DataParallel {
     }
   }
 
-  void begin_step() override {
+  int64_t begin_step() override {
     // ZeRO-2/3 keep no full gradient: only this rank's pieces accumulate across micro-batches.
-    if (stage_ >= 2)
-      each([](ZeroEngine& z) { z.zero_owned_grads(); });
-    else
-      DataParallel::begin_step();
+    if (stage_ < 2) return DataParallel::begin_step();
+    int64_t zeroed = 0;
+    each([&](ZeroEngine& z) { zeroed += z.zero_owned_grads(); });
+    return zeroed;
   }
   // ZeRO-1 reduces once, during the last micro-batch's backward; ZeRO-2/3 every micro-batch (they keep
   // no full gradient to accumulate into).
@@ -364,8 +365,10 @@ class Zero final : public DataParallel {
 
 }  // namespace
 
-void DataParallel::begin_step() {
-  if (grads_ && total_ > 0) std::memset(grads_, 0, static_cast<size_t>(total_) * sizeof(float));
+int64_t DataParallel::begin_step() {
+  if (!grads_ || total_ <= 0) return 0;
+  kernels::fill_zero(grads_, total_);
+  return total_;
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(comm::ProcessGroup* dp, const DataParallelSetup& setup, Allocator& alloc,

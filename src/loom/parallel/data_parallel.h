@@ -69,8 +69,9 @@ class DataParallel {
   virtual void attach(const ZeroArenas& arenas) { grads_ = arenas.grads, total_ = table_total_; }
 
   // ---- a step ----
-  // Clears the gradients that accumulate over the step's micro-batches (all, or this rank's pieces).
-  virtual void begin_step();
+  // Clears the gradients that accumulate over the step's micro-batches (all, or this rank's pieces);
+  // returns how many floats it zeroed.
+  virtual int64_t begin_step();
   // Before each forward. training: a backward follows; last: the step's last micro-batch.
   virtual void begin_micro_batch(bool /*training*/, bool /*last*/) {}
   // Around each unit (model::LayerHooks' units: -1 embeddings, 0..L-1 blocks, L final norm + head).

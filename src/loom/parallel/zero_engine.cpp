@@ -7,6 +7,7 @@
 #include <string>
 
 #include "loom/error.h"
+#include "loom/kernels/elementwise.h"
 
 namespace loom::parallel {
 
@@ -477,9 +478,11 @@ void ZeroEngine::finish_all() {
     if (grad_scratch_[u]) finish_unit(u);
 }
 
-void ZeroEngine::zero_owned_grads() {
+int64_t ZeroEngine::zero_owned_grads() {
+  int64_t zeroed = 0;
   for (const ArenaRange& r : owned())
-    if (r.size() > 0) std::memset(a_.grads + r.begin, 0, static_cast<size_t>(r.size()) * sizeof(float));
+    if (r.size() > 0) kernels::fill_zero(a_.grads + r.begin, r.size()), zeroed += r.size();
+  return zeroed;
 }
 
 void ZeroEngine::all_gather_masters() {

@@ -76,8 +76,9 @@ class ZeroEngine {
   void finish_unit(size_t u);
   // finish_unit for every unit reduced and not yet finished.
   void finish_all();
-  // Clears this rank's gradient pieces (the accumulator), at the start of a step.
-  void zero_owned_grads();
+  // Clears this rank's gradient pieces (the accumulator), at the start of a step; returns the floats
+  // zeroed.
+  int64_t zero_owned_grads();
 
   // ---- ZeRO-1/2 after the optimizer step ----
   // Every rank updated its pieces of the weights; all of them need all of it: the f32 masters, or, when

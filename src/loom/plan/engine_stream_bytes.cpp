@@ -126,8 +126,9 @@ EngineStreamBytes engine_stream_bytes(const spec::TransformerConfig& c, const La
   b.last_stage = norm + norm_grad_sum + 2 * f32 * n * V * (l.tp > 1 ? 2 : 1) + 2 * f32 * n;
   if (bf16) b.last_stage += (4 + 2) * norm_rows * h + (4 + 2) * n * V;
   // AdamW (kernels/adamw): reads parameter, gradient, m, v and writes parameter, m, v in f32, and the
-  // bf16 copy the GEMMs read (declared in both precisions).
-  b.per_local_parameter = 4 * f32 + 3 * f32 + 2;
+  // bf16 copy the GEMMs read (declared in both precisions); the gradient norm reads the gradients once
+  // more, and the next step's zero_grads writes them.
+  b.per_local_parameter = 4 * f32 + 3 * f32 + 2 + f32 + f32;
   return b;
 }
 

@@ -15,7 +15,7 @@ struct EngineStreamBytes {
   double recompute_block = 0;      // of per_block: what l.recompute runs again in backward
   double first_stage = 0;          // per micro-batch on the rank holding the embedding (fwd + bwd)
   double last_stage = 0;           // per micro-batch on the rank holding the final norm, head and loss
-  double per_local_parameter = 0;  // the optimizer step, per parameter the rank updates
+  double per_local_parameter = 0;  // the optimizer step, gradient norm and zeroing, per parameter the rank updates
 };
 
 // For `cfg` under layout `l` (tp splits the widths, SP the norms' rows) at `seq` tokens, micro-batches

@@ -140,6 +140,8 @@ class Span {
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
+  // For work whose size is known only once it ran (the gradients a data-parallel strategy zeroed).
+  void set_cost(double flops, double bytes) { flops_ = flops, bytes_ = bytes; }
 
  private:
   Tracer* tracer_;

@@ -123,7 +123,11 @@ StepMetrics Trainer::train_step(int64_t step) {
   // Every sample holds T targets (no padding), so the loss is the mean over batch * T of them.
   const float grad_scale = 1.0f / static_cast<float>(cfg_.train.batch_size * T);
   parallel::DataParallel& dp = *data_parallel_;
-  dp.begin_step();
+  {
+    profile::Span zeroing(tracer, "zero_grads", profile::Category::Kernel);
+    const kernels::KernelCost c = kernels::fill_zero_cost(dp.begin_step());
+    zeroing.set_cost(c.flops, c.bytes);
+  }
   double loss_sum = 0;
   std::vector<double> pipeline_idle;
   const double comm_cpu0 = dp.comm_cpu_seconds();
@@ -641,7 +645,14 @@ double Trainer::gradient_norm() const {
     }
     mine = rest;
   }
-  double sq = grad_sum_squares(*params_, mine);
+  double sq = 0;
+  {
+    int64_t n = 0;
+    for (const auto& r : mine) n += r.size();
+    const kernels::KernelCost c = kernels::sum_squares_cost(n);
+    profile::Span span(backend_.tracer(), "grad_norm", profile::Category::Kernel, c.flops, c.bytes);
+    sq = grad_sum_squares(*params_, mine);
+  }
   if (par_.ep_size() > 1 && !data_parallel_->gradients_sharded()) {
     // Each ep rank holds other experts: their squares add up over the ep group, the rest is replicated.
     // (Under ZeRO each element has one owner among all the replicas: the dp sum below covers them.)
