@@ -140,6 +140,84 @@ std::vector<bf16> cast_all(const Vec& v) {
   return ::testing::AssertionSuccess();
 }
 
+// ============================ each instruction path ============================
+
+// Every path this CPU can run (the portable loops always; AVX-512 where it has AVX-512F), forced in
+// turn, against float64 -- tails, signed zeros, infinities and NaN included -- and against each other.
+std::vector<ActivationPath> runnable_paths() {
+  std::vector<ActivationPath> out{ActivationPath::Portable};
+  try {
+    force_activation_path(ActivationPath::Avx512);
+    out.push_back(ActivationPath::Avx512);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs AVX-512F"), std::string::npos) << e.what();
+  }
+  force_activation_path(std::nullopt);
+  return out;
+}
+
+struct ForcedPath {
+  explicit ForcedPath(ActivationPath p) { force_activation_path(p); }
+  ~ForcedPath() { force_activation_path(std::nullopt); }
+};
+
+TEST_F(ElementwiseTest, EveryActivationPathMatchesFloat64) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t N = 37, F = 67, n = N * F;  // odd: every loop's masked or scalar tail runs
+  Vec x = normal(n, 0.0f, 3.0f), gu = normal(2 * n, 0.0f, 3.0f);
+  const Vec dy = normal(n, 0.0f, 2.0f);
+  const float special[] = {0.0f, -0.0f, 1e-20f, -1e-6f, 12.0f, -9.0f, -20.0f, 50.0f, -100.0f, -1e4f, 1e4f};
+  std::copy(std::begin(special), std::end(special), x.begin());
+  std::copy(std::begin(special), std::end(special), gu.begin());  // gates
+  DVec gelu(n), gelu_grad(n), swiglu_grad(2 * n);
+  for (int64_t i = 0; i < n; ++i) gelu[i] = naive_gelu(x[i]), gelu_grad[i] = naive_gelu_grad(x[i]) * dy[i];
+  const DVec swiglu = naive_swiglu(to_double(gu), N, F);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gu[r * 2 * F + f], u = gu[r * 2 * F + F + f], s = sigmoid(g), d = dy[r * F + f];
+      swiglu_grad[r * 2 * F + f] = d * u * (s + g * s * (1.0 - s));
+      swiglu_grad[r * 2 * F + F + f] = d * g * s;
+    }
+  std::vector<Vec> first;
+  for (ActivationPath p : runnable_paths()) {
+    SCOPED_TRACE(activation_path_name(p));
+    ForcedPath forced(p);
+    EXPECT_EQ(activation_path(), p);
+    Vec y(n), dx(n), sy(n), dgu(2 * n);
+    gelu_forward(y.data(), x.data(), n);
+    gelu_backward(dx.data(), x.data(), dy.data(), n);
+    swiglu_forward(sy.data(), gu.data(), N, F);
+    swiglu_backward(dgu.data(), gu.data(), dy.data(), N, F);
+    EXPECT_TRUE(close_to(y, gelu, 1e-5));
+    EXPECT_TRUE(close_to(dx, gelu_grad, 1e-5));
+    EXPECT_TRUE(close_to(sy, swiglu, 1e-5));
+    EXPECT_TRUE(close_to(dgu, swiglu_grad, 1e-5));
+    EXPECT_EQ(y[0], 0.0f);
+    EXPECT_EQ(y[1], 0.0f);                            // gelu(-0) = -0 * 1/2
+    EXPECT_EQ(y[10], 1e4f);                           // saturated: exactly x
+    EXPECT_LT(std::fabs(y[9]), 1e-30f);               // -1e4 sigmoid(-huge): as good as 0
+    // +inf and NaN: gelu(+inf) = +inf, NaN stays NaN; no NaN from a finite input. (-inf gives -inf on
+    // both paths, x times a sigmoid clamped above 0: no finite pre-activation reaches it.)
+    const float odd[] = {inf, -inf, std::numeric_limits<float>::quiet_NaN()};
+    float out[3], grad[3];
+    const float ones[3] = {1.0f, 1.0f, 1.0f};
+    gelu_forward(out, odd, 3);
+    gelu_backward(grad, odd, ones, 3);
+    EXPECT_EQ(out[0], inf);
+    EXPECT_FALSE(std::isnan(out[1]));
+    EXPECT_TRUE(std::isnan(out[2]));
+    EXPECT_TRUE(std::isnan(grad[2]));
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(dx[i]) && std::isfinite(y[i])) << i;
+    // The fused bf16 casts run the same loops.
+    std::vector<bf16> yb(n);
+    gelu_forward(yb.data(), x.data(), n);
+    EXPECT_TRUE(within_one_bf16_step(yb, cast_all(y)));
+    first.push_back(y);
+  }
+  // The paths agree with each other as closely as each does with float64.
+  for (size_t k = 1; k < first.size(); ++k) EXPECT_TRUE(close_to(first[k], to_double(first[0]), 1e-5));
+}
+
 struct MlpShape {
   int64_t N, F;
 };

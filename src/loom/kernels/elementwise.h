@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "loom/core/bf16.h"
 #include "loom/kernels/kernel_cost.h"
@@ -44,6 +45,17 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int64_t N, int64_t C);
 KernelCost rmsnorm_cost(int64_t N, int64_t C, bool backward);
+
+// ---- The activations' instruction path (GELU, SwiGLU, and their fused bf16 casts): AVX-512
+// intrinsics (exp as 2^z by VSCALEFPS; about 2x the portable loops where they are compute-bound) where
+// the CPU, capped by LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA, has AVX-512F; else the portable loops,
+// compiled per ISA (target_clones). Both agree with float64 to ~5e-6 relative; not bit for bit. ----
+enum class ActivationPath { Portable, Avx512 };
+const char* activation_path_name(ActivationPath p);  // "portable", "avx512"
+ActivationPath activation_path();                    // what the next call runs
+// Tests: every activation runs on `p` until called again with std::nullopt; throws if this CPU (and
+// the ISA cap) cannot run it.
+void force_activation_path(std::optional<ActivationPath> p);
 
 // ---- GELU, tanh approximation (GPT-2's "gelu_new"), element-wise over n values ----
 void gelu_forward(float* out, const float* inp, int64_t n);

@@ -1,0 +1,20 @@
+// The activations' element loops on AVX-512 (activations_avx512.cpp): the same math as the portable
+// loops of activations.cpp, with exp taken as 2^z by VSCALEFPS instead of the exponent-bit trick and its
+// range clamps, which makes them about twice as fast where they are compute-bound (GELU on the
+// AVX-512 EPYC: 0.40 -> 0.18 ns an element in L1). Only called where the CPU has AVX-512F.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels::detail {
+
+// out[i] = gelu(x[i]) (tanh form)
+void gelu_forward_avx512(float* out, const float* x, int64_t n);
+// dx[i] = gelu'(x[i]) dy[i]
+void gelu_backward_avx512(float* dx, const float* x, const float* dy, int64_t n);
+// y[i] = silu(g[i]) u[i]
+void swiglu_forward_avx512(float* y, const float* g, const float* u, int64_t n);
+// dg[i], du[i]: the gradients of silu(g) u times dy[i]
+void swiglu_backward_avx512(float* dg, float* du, const float* g, const float* u, const float* dy, int64_t n);
+
+}  // namespace loom::kernels::detail
