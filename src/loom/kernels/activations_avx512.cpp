@@ -10,6 +10,8 @@
 
 #include <immintrin.h>
 
+#include "loom/kernels/detail/exp2_avx512.h"
+
 // GCC 12 warns that the undefined vector behind a zeroing intrinsic may be used uninitialized (a
 // known false positive of its headers).
 #if !defined(__clang__)
@@ -48,18 +50,9 @@ LOOM_AVX512 inline void for_vectors(int64_t n, const Step& step) {
   if (i < n) step.template run<true>(i, static_cast<__mmask16>((1u << (n - i)) - 1));
 }
 
+// 2^z for z clamped to [-127, 127] (finite and non-zero, see the top).
 LOOM_AVX512 inline __m512 exp2_ps(__m512 z) {
-  z = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
-  const __m512 n = _mm512_roundscale_ps(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(z, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return exp2_avx512(_mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f)));
 }
 
 // GELU's e = exp(-2u) = 2^(x (a + b x^2)), u = sqrt(2/pi) (x + 0.044715 x^3).

@@ -46,6 +46,7 @@
 #include <limits>
 
 #include "loom/kernels/detail/attention_simd.h"
+#include "loom/kernels/detail/exp2_avx512.h"
 #include "loom/kernels/detail/attention_tiles.h"
 
 // GCC 12 warns that the undefined vector behind a zeroing intrinsic may be used uninitialized (a
@@ -144,25 +145,13 @@ LOOM_ATTN_INLINE __m512i interleave_rounded(__m512 lo, __m512 hi) {
   return _mm512_permutexvar_epi16(zip, round_32(lo, hi));
 }
 
-// The softmax runs in base 2 (scores carry log2(e), exp becomes exp2): 2^x = 2^n 2^f with n = round(x)
-// and |f| <= 1/2, 2^f by its degree-6 Taylor polynomial (relative error < 1.3e-7, about an f32 ulp),
-// 2^n applied by VSCALEFPS, which also takes any very negative n to exactly 0 -- so masked scores are
-// a large finite negative (kMasked), never -inf (whose f = -inf - -inf would be NaN).
+// The softmax runs in base 2 (scores carry log2(e), exp becomes exp2: detail/exp2_avx512.h), and
+// VSCALEFPS takes any very negative power to exactly 0 -- so masked scores are a large finite negative
+// (kMasked), never -inf (whose f = -inf - -inf would be NaN).
 constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
 constexpr float kMasked = -1e30f;
 
-LOOM_ATTN_INLINE __m512 exp2_ps(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+LOOM_ATTN_INLINE __m512 exp2_ps(__m512 x) { return detail::exp2_avx512(x); }
 
 LOOM_ATTN_INLINE __m512i lane_index(int v) {
   return _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
