@@ -207,11 +207,24 @@ TEST_F(ElementwiseTest, EveryActivationPathMatchesFloat64) {
     EXPECT_FALSE(std::isnan(out[1]));
     EXPECT_TRUE(std::isnan(out[2]));
     EXPECT_TRUE(std::isnan(grad[2]));
+    bf16 odd_bf16[3];
+    gelu_forward(odd_bf16, odd, 3);
+    EXPECT_EQ(odd_bf16[0].bits, 0x7f80);                    // +inf
+    EXPECT_EQ(odd_bf16[2].bits & 0x7fc0, 0x7fc0);           // a quiet NaN
     for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(dx[i]) && std::isfinite(y[i])) << i;
-    // The fused bf16 casts run the same loops.
-    std::vector<bf16> yb(n);
+    // The fused bf16 casts: the cast of the f32 results (within a step), the bias sums as bias_backward's.
+    std::vector<bf16> yb(n), dxb(n), syb(n), dgub(2 * n);
+    Vec db(F, 0.5f), want_db(F, 0.5f);
     gelu_forward(yb.data(), x.data(), n);
+    gelu_backward(dxb.data(), db.data(), x.data(), dy.data(), N, F);
+    swiglu_forward(syb.data(), gu.data(), N, F);
+    swiglu_backward(dgub.data(), gu.data(), dy.data(), N, F);
+    bias_backward(want_db.data(), dx.data(), N, F);
     EXPECT_TRUE(within_one_bf16_step(yb, cast_all(y)));
+    EXPECT_TRUE(within_one_bf16_step(dxb, cast_all(dx)));
+    EXPECT_TRUE(within_one_bf16_step(syb, cast_all(sy)));
+    EXPECT_TRUE(within_one_bf16_step(dgub, cast_all(dgu)));
+    EXPECT_TRUE(close_to(db, to_double(want_db), 1e-6));
     first.push_back(y);
   }
   // The paths agree with each other as closely as each does with float64.

@@ -62,20 +62,52 @@ LOOM_AVX512 inline __m512 gelu_exp(__m512 x) {
   return exp2_ps(_mm512_mul_ps(x, _mm512_fmadd_ps(b, _mm512_mul_ps(x, x), a)));
 }
 
-// One vector of each kernel: the inputs at i, the outputs written there.
+// Where a kernel's f32 results go, vector by vector: f32 as they are, or rounded to bf16 (nearest even,
+// NaN kept quiet: bit for bit detail::f32_to_bf16_bits) -- optionally first added into column sums (the
+// bias gradient's partial sums of the row block, as detail::blocked_column_sums adds them).
+struct F32Out {
+  float* p;
+  template <bool Tail>
+  LOOM_AVX512 void put(__mmask16 m, int64_t i, __m512 v) const {
+    store<Tail>(m, p + i, v);
+  }
+};
+
+struct Bf16Out {
+  uint16_t* p;
+  float* sums = nullptr;  // column sums to add the f32 values into first, or none
+  template <bool Tail>
+  LOOM_AVX512 void put(__mmask16 m, int64_t i, __m512 v) const {
+    if (sums) store<Tail>(m, sums + i, _mm512_add_ps(load<Tail>(m, sums + i), v));
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    if (Tail)
+      _mm512_mask_cvtepi32_storeu_epi16(p + i, m, r);  // VPMOVDW to memory: AVX-512F, no BW needed
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), _mm512_cvtepi32_epi16(r));
+  }
+};
+
+// One vector of each kernel: the inputs at i, the results handed to Out at i.
+template <class Out>
 struct GeluForward {
-  float* out;
+  Out out;
   const float* x;
   template <bool Tail>
   LOOM_AVX512 void run(int64_t i, __mmask16 m) const {
     const __m512 v = load<Tail>(m, x + i);
     // x sigmoid(2u) = x / (1 + exp(-2u))
-    store<Tail>(m, out + i, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), gelu_exp(v))));
+    out.template put<Tail>(m, i, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), gelu_exp(v))));
   }
 };
 
+template <class Out>
 struct GeluBackward {
-  float* dx;
+  Out dx;
   const float *x, *dy;
   template <bool Tail>
   LOOM_AVX512 void run(int64_t i, __mmask16 m) const {
@@ -87,24 +119,26 @@ struct GeluBackward {
         _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kGeluScale * kGeluCubic), _mm512_mul_ps(v, v), _mm512_set1_ps(kGeluScale));
     // (s + 2 x s (1 - s) du/dx) dy, with 1 - s = e s
     const __m512 t = _mm512_mul_ps(_mm512_add_ps(v, v), _mm512_mul_ps(s, _mm512_mul_ps(e, s)));
-    store<Tail>(m, dx + i, _mm512_mul_ps(_mm512_fmadd_ps(t, du_dx, s), d));
+    dx.template put<Tail>(m, i, _mm512_mul_ps(_mm512_fmadd_ps(t, du_dx, s), d));
   }
 };
 
+template <class Out>
 struct SwigluForward {
-  float* y;
+  Out y;
   const float *g, *u;
   template <bool Tail>
   LOOM_AVX512 void run(int64_t i, __mmask16 m) const {
     const __m512 gv = load<Tail>(m, g + i), uv = load<Tail>(m, u + i);
     // silu(g) u = g u / (1 + exp(-g))
     const __m512 e = exp2_ps(_mm512_mul_ps(gv, _mm512_set1_ps(-kLog2e)));
-    store<Tail>(m, y + i, _mm512_div_ps(_mm512_mul_ps(gv, uv), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    y.template put<Tail>(m, i, _mm512_div_ps(_mm512_mul_ps(gv, uv), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
   }
 };
 
+template <class Out>
 struct SwigluBackward {
-  float *dg, *du;
+  Out dg, du;
   const float *g, *u, *dy;
   template <bool Tail>
   LOOM_AVX512 void run(int64_t i, __mmask16 m) const {
@@ -114,26 +148,41 @@ struct SwigluBackward {
     const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, e));
     // d silu / dg = sig (1 + g (1 - sig)), with 1 - sig = e sig
     const __m512 dsilu = _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_mul_ps(e, sig), one));
-    store<Tail>(m, dg + i, _mm512_mul_ps(_mm512_mul_ps(d, uv), dsilu));
-    store<Tail>(m, du + i, _mm512_mul_ps(_mm512_mul_ps(d, gv), sig));
+    dg.template put<Tail>(m, i, _mm512_mul_ps(_mm512_mul_ps(d, uv), dsilu));
+    du.template put<Tail>(m, i, _mm512_mul_ps(_mm512_mul_ps(d, gv), sig));
   }
 };
 
 }  // namespace
 
-LOOM_AVX512 void gelu_forward_avx512(float* out, const float* x, int64_t n) { for_vectors(n, GeluForward{out, x}); }
+LOOM_AVX512 void gelu_forward_avx512(float* out, const float* x, int64_t n) {
+  for_vectors(n, GeluForward<F32Out>{{out}, x});
+}
+LOOM_AVX512 void gelu_forward_avx512(uint16_t* out, const float* x, int64_t n) {
+  for_vectors(n, GeluForward<Bf16Out>{{out}, x});
+}
 
 LOOM_AVX512 void gelu_backward_avx512(float* dx, const float* x, const float* dy, int64_t n) {
-  for_vectors(n, GeluBackward{dx, x, dy});
+  for_vectors(n, GeluBackward<F32Out>{{dx}, x, dy});
+}
+LOOM_AVX512 void gelu_backward_avx512(uint16_t* dx, float* sums, const float* x, const float* dy, int64_t n) {
+  for_vectors(n, GeluBackward<Bf16Out>{{dx, sums}, x, dy});
 }
 
 LOOM_AVX512 void swiglu_forward_avx512(float* y, const float* g, const float* u, int64_t n) {
-  for_vectors(n, SwigluForward{y, g, u});
+  for_vectors(n, SwigluForward<F32Out>{{y}, g, u});
+}
+LOOM_AVX512 void swiglu_forward_avx512(uint16_t* y, const float* g, const float* u, int64_t n) {
+  for_vectors(n, SwigluForward<Bf16Out>{{y}, g, u});
 }
 
 LOOM_AVX512 void swiglu_backward_avx512(float* dg, float* du, const float* g, const float* u, const float* dy,
                                         int64_t n) {
-  for_vectors(n, SwigluBackward{dg, du, g, u, dy});
+  for_vectors(n, SwigluBackward<F32Out>{{dg}, {du}, g, u, dy});
+}
+LOOM_AVX512 void swiglu_backward_avx512(uint16_t* dg, uint16_t* du, const float* g, const float* u, const float* dy,
+                                        int64_t n) {
+  for_vectors(n, SwigluBackward<Bf16Out>{{dg}, {du}, g, u, dy});
 }
 
 }  // namespace loom::kernels::detail

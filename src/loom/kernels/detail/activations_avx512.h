@@ -8,13 +8,20 @@
 
 namespace loom::kernels::detail {
 
+// Each in two forms: f32 results, or results rounded to bf16 (nearest even, bit for bit
+// detail::f32_to_bf16_bits) in the same pass -- the fused casts of precision bf16.
 // out[i] = gelu(x[i]) (tanh form)
 void gelu_forward_avx512(float* out, const float* x, int64_t n);
-// dx[i] = gelu'(x[i]) dy[i]
+void gelu_forward_avx512(uint16_t* out, const float* x, int64_t n);
+// dx[i] = gelu'(x[i]) dy[i]; the bf16 form also adds the f32 dx[i] into sums[i] when sums is not null
+// (one row of the bias gradient's column sums).
 void gelu_backward_avx512(float* dx, const float* x, const float* dy, int64_t n);
+void gelu_backward_avx512(uint16_t* dx, float* sums, const float* x, const float* dy, int64_t n);
 // y[i] = silu(g[i]) u[i]
 void swiglu_forward_avx512(float* y, const float* g, const float* u, int64_t n);
+void swiglu_forward_avx512(uint16_t* y, const float* g, const float* u, int64_t n);
 // dg[i], du[i]: the gradients of silu(g) u times dy[i]
 void swiglu_backward_avx512(float* dg, float* du, const float* g, const float* u, const float* dy, int64_t n);
+void swiglu_backward_avx512(uint16_t* dg, uint16_t* du, const float* g, const float* u, const float* dy, int64_t n);
 
 }  // namespace loom::kernels::detail
