@@ -144,21 +144,21 @@ std::vector<bf16> cast_all(const Vec& v) {
 
 // Every path this CPU can run (the portable loops always; AVX-512 where it has AVX-512F), forced in
 // turn, against float64 -- tails, signed zeros, infinities and NaN included -- and against each other.
-std::vector<ActivationPath> runnable_paths() {
-  std::vector<ActivationPath> out{ActivationPath::Portable};
+std::vector<ElementwisePath> runnable_paths() {
+  std::vector<ElementwisePath> out{ElementwisePath::Portable};
   try {
-    force_activation_path(ActivationPath::Avx512);
-    out.push_back(ActivationPath::Avx512);
+    force_elementwise_path(ElementwisePath::Avx512);
+    out.push_back(ElementwisePath::Avx512);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("needs AVX-512F"), std::string::npos) << e.what();
   }
-  force_activation_path(std::nullopt);
+  force_elementwise_path(std::nullopt);
   return out;
 }
 
 struct ForcedPath {
-  explicit ForcedPath(ActivationPath p) { force_activation_path(p); }
-  ~ForcedPath() { force_activation_path(std::nullopt); }
+  explicit ForcedPath(ElementwisePath p) { force_elementwise_path(p); }
+  ~ForcedPath() { force_elementwise_path(std::nullopt); }
 };
 
 TEST_F(ElementwiseTest, EveryActivationPathMatchesFloat64) {
@@ -179,10 +179,10 @@ TEST_F(ElementwiseTest, EveryActivationPathMatchesFloat64) {
       swiglu_grad[r * 2 * F + F + f] = d * g * s;
     }
   std::vector<Vec> first;
-  for (ActivationPath p : runnable_paths()) {
-    SCOPED_TRACE(activation_path_name(p));
+  for (ElementwisePath p : runnable_paths()) {
+    SCOPED_TRACE(elementwise_path_name(p));
     ForcedPath forced(p);
-    EXPECT_EQ(activation_path(), p);
+    EXPECT_EQ(elementwise_path(), p);
     Vec y(n), dx(n), sy(n), dgu(2 * n);
     gelu_forward(y.data(), x.data(), n);
     gelu_backward(dx.data(), x.data(), dy.data(), n);
@@ -225,6 +225,19 @@ TEST_F(ElementwiseTest, EveryActivationPathMatchesFloat64) {
     EXPECT_TRUE(within_one_bf16_step(syb, cast_all(sy)));
     EXPECT_TRUE(within_one_bf16_step(dgub, cast_all(dgu)));
     EXPECT_TRUE(close_to(db, to_double(want_db), 1e-6));
+    // The casts are bit for bit the reference rounding on every path, NaN, infinities and subnormals
+    // included, and the fused bias sums bit for bit bias_backward's.
+    Vec c = x;
+    const float edge[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 1e-40f, -1e-40f, 3.4e38f, 1.00390625f};
+    std::copy(std::begin(edge), std::end(edge), c.begin() + 20);
+    std::vector<bf16> cb(n), cbb(n);
+    Vec sums(F, 0.25f), want_sums(F, 0.25f);
+    cast_f32_to_bf16(cb.data(), c.data(), n);
+    cast_f32_to_bf16_bias_grad(cbb.data(), sums.data(), c.data() + F, N - 1, F);  // rows without the NaN
+    bias_backward(want_sums.data(), c.data() + F, N - 1, F);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(cb[i].bits, f32_to_bf16(c[i]).bits) << i << ": " << c[i];
+    for (int64_t i = 0; i < (N - 1) * F; ++i) ASSERT_EQ(cbb[i].bits, cb[F + i].bits) << i;
+    EXPECT_EQ(std::memcmp(sums.data(), want_sums.data(), sizeof(float) * F), 0);
     first.push_back(y);
   }
   // The paths agree with each other as closely as each does with float64.

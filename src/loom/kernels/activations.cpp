@@ -8,29 +8,12 @@
 // either curve cancels, so the relative error stays near fast_exp's ~1e-7 for all x.
 // The work is split into static contiguous chunks per thread (cache-line aligned), so results are
 // bitwise deterministic for a given thread count.
-#include <atomic>
-
-#include "loom/core/cpu_features.h"
-#include "loom/error.h"
-#include "loom/kernels/detail/activations_avx512.h"
+#include "loom/kernels/detail/elementwise_avx512.h"
 #include "loom/kernels/detail/elementwise_simd.h"
 #include "loom/kernels/elementwise.h"
 
 namespace loom::kernels {
 namespace {
-
-bool path_supported(ActivationPath p) {
-  return p == ActivationPath::Portable || CpuFeatures::detect().kernel_isa() >= KernelIsa::Avx512;
-}
-
-// -1: not forced; else the forced ActivationPath.
-std::atomic<int> g_forced_path{-1};
-
-bool use_avx512() {
-  static const bool detected = path_supported(ActivationPath::Avx512);
-  const int forced = g_forced_path.load(std::memory_order_relaxed);
-  return forced < 0 ? detected : forced == static_cast<int>(ActivationPath::Avx512);
-}
 
 using detail::fast_exp;
 using detail::fast_sigmoid;
@@ -71,21 +54,21 @@ inline SwigluGrad swiglu_grad(float g, float u, float dy) {
 
 // The f32 loops, inlined into the clones below.
 [[gnu::always_inline]] inline void gelu_forward_loop(float* __restrict out, const float* __restrict inp, int64_t n) {
-  if (use_avx512()) return detail::gelu_forward_avx512(out, inp, n);
+  if (detail::elementwise_avx512()) return detail::gelu_forward_avx512(out, inp, n);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(inp[i]);
 }
 
 [[gnu::always_inline]] inline void gelu_backward_loop(float* __restrict dinp, const float* __restrict inp,
                                                       const float* __restrict dout, int64_t n) {
-  if (use_avx512()) return detail::gelu_backward_avx512(dinp, inp, dout, n);
+  if (detail::elementwise_avx512()) return detail::gelu_backward_avx512(dinp, inp, dout, n);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dinp[i] = gelu_grad(inp[i], dout[i]);
 }
 
 [[gnu::always_inline]] inline void swiglu_forward_loop(float* __restrict y, const float* __restrict g,
                                                        const float* __restrict u, int64_t n) {
-  if (use_avx512()) return detail::swiglu_forward_avx512(y, g, u, n);
+  if (detail::elementwise_avx512()) return detail::swiglu_forward_avx512(y, g, u, n);
 #pragma omp simd
   for (int64_t f = 0; f < n; ++f) y[f] = swiglu_value(g[f], u[f]);
 }
@@ -93,7 +76,7 @@ inline SwigluGrad swiglu_grad(float g, float u, float dy) {
 [[gnu::always_inline]] inline void swiglu_backward_loop(float* __restrict dg, float* __restrict du,
                                                         const float* __restrict g, const float* __restrict u,
                                                         const float* __restrict dy, int64_t n) {
-  if (use_avx512()) return detail::swiglu_backward_avx512(dg, du, g, u, dy, n);
+  if (detail::elementwise_avx512()) return detail::swiglu_backward_avx512(dg, du, g, u, dy, n);
 #pragma omp simd
   for (int64_t f = 0; f < n; ++f) {
     const SwigluGrad d = swiglu_grad(g[f], u[f], dy[f]);
@@ -122,7 +105,7 @@ void gelu_forward_range(float* __restrict out, const float* __restrict inp, int6
 
 LOOM_TARGET_CLONES
 void gelu_forward_range(bf16* __restrict out, const float* __restrict inp, int64_t i0, int64_t i1) {
-  if (use_avx512()) return detail::gelu_forward_avx512(bits(out + i0), inp + i0, i1 - i0);
+  if (detail::elementwise_avx512()) return detail::gelu_forward_avx512(bits(out + i0), inp + i0, i1 - i0);
   alignas(64) float tile[kChunk];
   for (int64_t b = i0; b < i1; b += kChunk) {
     const int64_t n = std::min(kChunk, i1 - b);
@@ -140,7 +123,7 @@ void gelu_backward_range(float* __restrict dinp, const float* __restrict inp, co
 LOOM_TARGET_CLONES
 void gelu_backward_range(bf16* __restrict dinp, const float* __restrict inp, const float* __restrict dout, int64_t i0,
                          int64_t i1) {
-  if (use_avx512()) return detail::gelu_backward_avx512(bits(dinp + i0), nullptr, inp + i0, dout + i0, i1 - i0);
+  if (detail::elementwise_avx512()) return detail::gelu_backward_avx512(bits(dinp + i0), nullptr, inp + i0, dout + i0, i1 - i0);
   alignas(64) float tile[kChunk];
   for (int64_t b = i0; b < i1; b += kChunk) {
     const int64_t n = std::min(kChunk, i1 - b);
@@ -154,7 +137,7 @@ void gelu_backward_range(bf16* __restrict dinp, const float* __restrict inp, con
 LOOM_TARGET_CLONES
 void gelu_backward_bias_rows(bf16* __restrict dinp, float* __restrict partial, const float* __restrict inp,
                              const float* __restrict dout, int64_t n0, int64_t n1, int64_t F) {
-  if (use_avx512()) {
+  if (detail::elementwise_avx512()) {
     for (int64_t n = n0; n < n1; ++n) detail::gelu_backward_avx512(bits(dinp + n * F), partial, inp + n * F, dout + n * F, F);
     return;
   }
@@ -177,7 +160,7 @@ void swiglu_forward_rows(float* __restrict out, const float* __restrict gu, int6
 
 LOOM_TARGET_CLONES
 void swiglu_forward_rows(bf16* __restrict out, const float* __restrict gu, int64_t n0, int64_t n1, int64_t F) {
-  if (use_avx512()) {
+  if (detail::elementwise_avx512()) {
     for (int64_t n = n0; n < n1; ++n) detail::swiglu_forward_avx512(bits(out + n * F), gu + n * 2 * F, gu + n * 2 * F + F, F);
     return;
   }
@@ -203,7 +186,7 @@ void swiglu_backward_rows(float* __restrict dgu, const float* __restrict gu, con
 LOOM_TARGET_CLONES
 void swiglu_backward_rows(bf16* __restrict dgu, const float* __restrict gu, const float* __restrict dout, int64_t n0,
                           int64_t n1, int64_t F) {
-  if (use_avx512()) {
+  if (detail::elementwise_avx512()) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* g = gu + n * 2 * F;
       detail::swiglu_backward_avx512(bits(dgu + n * 2 * F), bits(dgu + n * 2 * F + F), g, g + F, dout + n * F, F);
@@ -246,17 +229,6 @@ void swiglu_backward_any(Out* dgu, const float* gu, const float* dout, int64_t N
 }
 
 }  // namespace
-
-const char* activation_path_name(ActivationPath p) { return p == ActivationPath::Avx512 ? "avx512" : "portable"; }
-
-ActivationPath activation_path() { return use_avx512() ? ActivationPath::Avx512 : ActivationPath::Portable; }
-
-void force_activation_path(std::optional<ActivationPath> p) {
-  if (p && !path_supported(*p))
-    throw Error(std::string("activations: the ") + activation_path_name(*p) +
-                " path needs AVX-512F, which this CPU (capped by LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) lacks");
-  g_forced_path.store(p ? static_cast<int>(*p) : -1, std::memory_order_relaxed);
-}
 
 void gelu_forward(float* out, const float* inp, int64_t n) { gelu_forward_any(out, inp, n); }
 void gelu_forward(bf16* out, const float* inp, int64_t n) { gelu_forward_any(out, inp, n); }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/core/philox.h"
+#include "loom/kernels/detail/elementwise_avx512.h"
 #include "loom/kernels/detail/elementwise_simd.h"
 #include "loom/kernels/elementwise.h"
 
@@ -118,18 +119,26 @@ int64_t find_non_finite_range(const float* __restrict x, int64_t i0, int64_t i1)
 
 // ---- casts ----
 
+// bf16's storage, for the AVX-512 loops (which take the 16-bit words).
+inline uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
+
 LOOM_TARGET_CLONES
 void cast_f32_to_bf16_range(bf16* __restrict out, const float* __restrict inp, int64_t i0, int64_t i1) {
+  if (detail::elementwise_avx512()) return detail::cast_to_bf16_avx512(bits(out + i0), nullptr, inp + i0, i1 - i0);
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) out[i].bits = detail::f32_to_bf16_bits(inp[i]);
 }
 
-// Casts rows [n0, n1) and adds them into their block's partial column sums (bias_backward_rows' sums). Two
-// loops per row: one loop doing both mixes 16- and 32-bit lanes, which GCC vectorises at half width
-// without AVX512-BW.
+// Casts rows [n0, n1) and adds them into their block's partial column sums (bias_backward_rows' sums). On
+// AVX-512 one pass per row; portable, two loops per row: one loop doing both mixes 16- and 32-bit
+// lanes, which GCC vectorises at half width without AVX512-BW.
 LOOM_TARGET_CLONES
 void cast_bias_grad_rows(bf16* __restrict out, float* __restrict partial, const float* __restrict dy, int64_t n0,
                          int64_t n1, int64_t OC) {
+  if (detail::elementwise_avx512()) {
+    for (int64_t n = n0; n < n1; ++n) detail::cast_to_bf16_avx512(bits(out + n * OC), partial, dy + n * OC, OC);
+    return;
+  }
   for (int64_t n = n0; n < n1; ++n) {
     const float* __restrict d = dy + n * OC;
     bf16* __restrict o = out + n * OC;

@@ -46,16 +46,18 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       const float* rstd, int64_t N, int64_t C);
 KernelCost rmsnorm_cost(int64_t N, int64_t C, bool backward);
 
-// ---- The activations' instruction path (GELU, SwiGLU, and their fused bf16 casts): AVX-512
-// intrinsics (exp as 2^z by VSCALEFPS; about 2x the portable loops where they are compute-bound) where
-// the CPU, capped by LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA, has AVX-512F; else the portable loops,
-// compiled per ISA (target_clones). Both agree with float64 to ~5e-6 relative; not bit for bit. ----
-enum class ActivationPath { Portable, Avx512 };
-const char* activation_path_name(ActivationPath p);  // "portable", "avx512"
-ActivationPath activation_path();                    // what the next call runs
-// Tests: every activation runs on `p` until called again with std::nullopt; throws if this CPU (and
+// ---- The instruction path of the activations (GELU, SwiGLU, and their fused bf16 casts) and of the
+// f32 -> bf16 casts: AVX-512 intrinsics (activations: exp as 2^z by VSCALEFPS, about 2x the portable
+// loops where they are compute-bound; casts: rounded in registers in one pass with the bias gradient's
+// sums) where the CPU, capped by LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA, has AVX-512F; else the portable
+// loops, compiled per ISA (target_clones). The activations agree with float64 to ~5e-6 relative on
+// both, not bit for bit; the casts are bit for bit the same. ----
+enum class ElementwisePath { Portable, Avx512 };
+const char* elementwise_path_name(ElementwisePath p);  // "portable", "avx512"
+ElementwisePath elementwise_path();                    // what the next call runs
+// Tests: every such kernel runs on `p` until called again with std::nullopt; throws if this CPU (and
 // the ISA cap) cannot run it.
-void force_activation_path(std::optional<ActivationPath> p);
+void force_elementwise_path(std::optional<ElementwisePath> p);
 
 // ---- GELU, tanh approximation (GPT-2's "gelu_new"), element-wise over n values ----
 void gelu_forward(float* out, const float* inp, int64_t n);

@@ -1,4 +1,4 @@
-// GELU and SwiGLU element loops with AVX-512 intrinsics (see detail/activations_avx512.h).
+// GELU, SwiGLU and bf16 cast loops with AVX-512 intrinsics (see detail/elementwise_avx512.h).
 //
 // Every exp is written as 2^z with log2(e) folded into the argument's constants: z splits into
 // n = round(z) and f = z - n in [-1/2, 1/2], 2^f is a degree-6 Taylor polynomial (relative error
@@ -6,7 +6,7 @@
 // and non-zero: the gradients below multiply e = 2^z by 1 / (1 + e), and inf * 0 would be NaN (an
 // input NaN still gives NaN, through the x it is multiplied by). Divisions stay divisions: on the
 // AVX-512 EPYC VDIVPS beat VRCP14PS plus a Newton step (0.175 vs 0.197 ns a GELU element).
-#include "loom/kernels/detail/activations_avx512.h"
+#include "loom/kernels/detail/elementwise_avx512.h"
 
 #include <immintrin.h>
 
@@ -136,6 +136,15 @@ struct SwigluForward {
   }
 };
 
+struct Cast {
+  Bf16Out out;
+  const float* x;
+  template <bool Tail>
+  LOOM_AVX512 void run(int64_t i, __mmask16 m) const {
+    out.template put<Tail>(m, i, load<Tail>(m, x + i));
+  }
+};
+
 template <class Out>
 struct SwigluBackward {
   Out dg, du;
@@ -183,6 +192,10 @@ LOOM_AVX512 void swiglu_backward_avx512(float* dg, float* du, const float* g, co
 LOOM_AVX512 void swiglu_backward_avx512(uint16_t* dg, uint16_t* du, const float* g, const float* u, const float* dy,
                                         int64_t n) {
   for_vectors(n, SwigluBackward<Bf16Out>{{dg}, {du}, g, u, dy});
+}
+
+LOOM_AVX512 void cast_to_bf16_avx512(uint16_t* out, float* sums, const float* x, int64_t n) {
+  for_vectors(n, Cast{{out, sums}, x});
 }
 
 }  // namespace loom::kernels::detail

@@ -1,12 +1,18 @@
-// The activations' element loops on AVX-512 (activations_avx512.cpp): the same math as the portable
-// loops of activations.cpp, with exp taken as 2^z by VSCALEFPS instead of the exponent-bit trick and its
-// range clamps, which makes them about twice as fast where they are compute-bound (GELU on the
-// AVX-512 EPYC: 0.40 -> 0.18 ns an element in L1). Only called where the CPU has AVX-512F.
+// Element loops on AVX-512 intrinsics (elementwise_avx512.cpp), where the element-wise kernels take
+// ElementwisePath::Avx512 (elementwise.h): the activations -- the same math as the portable loops of
+// activations.cpp, with exp taken as 2^z by VSCALEFPS instead of the exponent-bit trick and its range
+// clamps, about twice as fast where they are compute-bound (GELU on the AVX-512 EPYC: 0.40 -> 0.18 ns
+// an element in L1) -- and the bf16 casts, rounding in registers in one pass with whatever else reads
+// the values (a bias gradient's column sums). Only called where the CPU has AVX-512F.
 #pragma once
 
 #include <cstdint>
 
 namespace loom::kernels::detail {
+
+// Whether the element-wise kernels run these loops now (elementwise_path.cpp: the CPU, the ISA cap, or
+// a test's force_elementwise_path).
+bool elementwise_avx512();
 
 // Each in two forms: f32 results, or results rounded to bf16 (nearest even, bit for bit
 // detail::f32_to_bf16_bits) in the same pass -- the fused casts of precision bf16.
@@ -23,5 +29,7 @@ void swiglu_forward_avx512(uint16_t* y, const float* g, const float* u, int64_t 
 // dg[i], du[i]: the gradients of silu(g) u times dy[i]
 void swiglu_backward_avx512(float* dg, float* du, const float* g, const float* u, const float* dy, int64_t n);
 void swiglu_backward_avx512(uint16_t* dg, uint16_t* du, const float* g, const float* u, const float* dy, int64_t n);
+// out[i] = bf16(x[i]); when sums is not null, sums[i] += x[i] first (a row of a bias gradient's sums).
+void cast_to_bf16_avx512(uint16_t* out, float* sums, const float* x, int64_t n);
 
 }  // namespace loom::kernels::detail
