@@ -56,7 +56,8 @@ std::string CpuBackend::describe() const {
   return "cpu " + f.summary() + ", " + std::to_string(threads_) + " threads, kernels " + f.vector_isa() +
          ", gemm f32 " + gemm_impl_name(DType::F32) + ", gemm bf16 " + gemm_impl_name(DType::BF16) + " (bf16 " +
          bf16 + "), attention " + attention_path_name(attention_path(false)) + " (bf16 runs: " +
-         attention_path_name(attention_path(true)) + ")";
+         attention_path_name(attention_path(true)) + "), activations and casts " +
+         elementwise_path_name(elementwise_path());
 }
 
 void* CpuBackend::scratch(size_t bytes) {
