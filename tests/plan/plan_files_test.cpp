@@ -91,7 +91,8 @@ TEST(HardwareFile, FiguresThatAreNotFiniteOrTooLargeAreRefused) {
   EXPECT_EQ(parse_hardware(kHardware + "[efficiency]\noverlap_slowdown = 0.25\n", "h.toml").efficiency.overlap_slowdown,
             0.25);
   for (const char* v : {"-0.1", "1.5", "nan"}) {
-    const std::string e = error_of([&] { parse_hardware(kHardware + "[efficiency]\noverlap_slowdown = " + v + "\n", "h.toml"); });
+    const std::string text = kHardware + "[efficiency]\noverlap_slowdown = " + v + "\n";
+    const std::string e = error_of([&] { parse_hardware(text, "h.toml"); });
     EXPECT_NE(e.find("h.toml: 'efficiency.overlap_slowdown'"), std::string::npos) << v << ": " << e;
   }
 }

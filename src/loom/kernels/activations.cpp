@@ -15,6 +15,7 @@
 namespace loom::kernels {
 namespace {
 
+using detail::bits;
 using detail::fast_exp;
 using detail::fast_sigmoid;
 
@@ -84,9 +85,6 @@ inline SwigluGrad swiglu_grad(float g, float u, float dy) {
   }
 }
 
-// bf16's storage, for the AVX-512 kernels (which take the 16-bit words).
-inline uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
-
 [[gnu::always_inline]] inline void round_loop(bf16* __restrict out, const float* __restrict in, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i].bits = detail::f32_to_bf16_bits(in[i]);
@@ -123,7 +121,8 @@ void gelu_backward_range(float* __restrict dinp, const float* __restrict inp, co
 LOOM_TARGET_CLONES
 void gelu_backward_range(bf16* __restrict dinp, const float* __restrict inp, const float* __restrict dout, int64_t i0,
                          int64_t i1) {
-  if (detail::elementwise_avx512()) return detail::gelu_backward_avx512(bits(dinp + i0), nullptr, inp + i0, dout + i0, i1 - i0);
+  if (detail::elementwise_avx512())
+    return detail::gelu_backward_avx512(bits(dinp + i0), nullptr, inp + i0, dout + i0, i1 - i0);
   alignas(64) float tile[kChunk];
   for (int64_t b = i0; b < i1; b += kChunk) {
     const int64_t n = std::min(kChunk, i1 - b);
@@ -138,7 +137,8 @@ LOOM_TARGET_CLONES
 void gelu_backward_bias_rows(bf16* __restrict dinp, float* __restrict partial, const float* __restrict inp,
                              const float* __restrict dout, int64_t n0, int64_t n1, int64_t F) {
   if (detail::elementwise_avx512()) {
-    for (int64_t n = n0; n < n1; ++n) detail::gelu_backward_avx512(bits(dinp + n * F), partial, inp + n * F, dout + n * F, F);
+    for (int64_t n = n0; n < n1; ++n)
+      detail::gelu_backward_avx512(bits(dinp + n * F), partial, inp + n * F, dout + n * F, F);
     return;
   }
   alignas(64) float tile[kChunk];
@@ -161,7 +161,8 @@ void swiglu_forward_rows(float* __restrict out, const float* __restrict gu, int6
 LOOM_TARGET_CLONES
 void swiglu_forward_rows(bf16* __restrict out, const float* __restrict gu, int64_t n0, int64_t n1, int64_t F) {
   if (detail::elementwise_avx512()) {
-    for (int64_t n = n0; n < n1; ++n) detail::swiglu_forward_avx512(bits(out + n * F), gu + n * 2 * F, gu + n * 2 * F + F, F);
+    for (int64_t n = n0; n < n1; ++n)
+      detail::swiglu_forward_avx512(bits(out + n * F), gu + n * 2 * F, gu + n * 2 * F + F, F);
     return;
   }
   alignas(64) float tile[kChunk];

@@ -13,6 +13,7 @@
 namespace loom::kernels {
 namespace {
 
+using detail::bits;
 using detail::parallel_ranges;
 
 constexpr int64_t kSerialElements = 1 << 14;
@@ -118,9 +119,6 @@ int64_t find_non_finite_range(const float* __restrict x, int64_t i0, int64_t i1)
 }
 
 // ---- casts ----
-
-// bf16's storage, for the AVX-512 loops (which take the 16-bit words).
-inline uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
 
 LOOM_TARGET_CLONES
 void cast_f32_to_bf16_range(bf16* __restrict out, const float* __restrict inp, int64_t i0, int64_t i1) {

@@ -115,8 +115,8 @@ struct GeluBackward {
     const __m512 v = load<Tail>(m, x + i), d = load<Tail>(m, dy + i);
     const __m512 e = gelu_exp(v);
     const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));  // 0.5 (1 + tanh u)
-    const __m512 du_dx =
-        _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kGeluScale * kGeluCubic), _mm512_mul_ps(v, v), _mm512_set1_ps(kGeluScale));
+    const __m512 k3c = _mm512_set1_ps(3.0f * kGeluScale * kGeluCubic);
+    const __m512 du_dx = _mm512_fmadd_ps(k3c, _mm512_mul_ps(v, v), _mm512_set1_ps(kGeluScale));
     // (s + 2 x s (1 - s) du/dx) dy, with 1 - s = e s
     const __m512 t = _mm512_mul_ps(_mm512_add_ps(v, v), _mm512_mul_ps(s, _mm512_mul_ps(e, s)));
     dx.template put<Tail>(m, i, _mm512_mul_ps(_mm512_fmadd_ps(t, du_dx, s), d));

@@ -8,7 +8,12 @@
 
 #include <cstdint>
 
+#include "loom/core/bf16.h"
+
 namespace loom::kernels::detail {
+
+// bf16's storage, as these loops take it (16-bit words).
+inline uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
 
 // Whether the element-wise kernels run these loops now (elementwise_path.cpp: the CPU, the ISA cap, or
 // a test's force_elementwise_path).
