@@ -122,6 +122,9 @@ TEST(PipelineCli, WhatCannotRunIsRefusedBeforeAnyWork) {
   EXPECT_THAT(r.err, HasSubstr("model.n_layers = 2 cannot give pp x virtual_stages = 2 x 2 = 4 chunks a block each"));
   r = run_loom("run -n 2 -- loom train " + kTiny + "--set parallel.pp=2 --set parallel.pipeline.layers=1,2");
   EXPECT_THAT(r.err, HasSubstr("parallel.pipeline.layers sums to 3 blocks, but model.n_layers = 2"));
+  // verify's one-count cut reads as a cut (a list of one), not as a TOML integer of the wrong type.
+  r = run_loom("verify " + kTiny + "--steps 2 --layouts \"dp=1;pp=2,layers=2\"");
+  EXPECT_THAT(r.err, HasSubstr("parallel.pipeline.layers lists 1 block counts, but pp x virtual_stages = 2 chunks"));
   r = run_loom("run -n 2 -- loom train " + kTiny +
                "--set parallel.pp=2 --set model.n_layers=4 --set train.batch_size=6 "
                "--set train.micro_batch_size=2 --set parallel.pipeline.virtual_stages=2 "

@@ -86,7 +86,9 @@ std::vector<Layout> parse_layouts(const std::string& spec) {
       if (key == "layers") {
         std::string list = value;
         std::replace(list.begin(), list.end(), '/', ',');
-        l.sets.push_back("parallel.pipeline.layers=" + list);
+        // Quoted: a single count ("layers=3") would otherwise read as a TOML integer, and the error would
+        // be about the key's type instead of the cut.
+        l.sets.push_back("parallel.pipeline.layers=\"" + list + "\"");
         continue;
       }
       char* endp = nullptr;
