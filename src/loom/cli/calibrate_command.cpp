@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -137,20 +138,62 @@ plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
 
 // A layer GEMM as a training step runs it: the forward [M, N, K] and its backward dX [M, K, N] and dW
 // [K, N, M], each called with the core caches evicted (a step's other kernels have filled them with
-// their own data, as for attention below) and timed by the median of repetitions, not the best: the
-// planner is to predict a step, not the machine's best moment.
-plan::MeasuredGemm time_layer_gemm(int64_t M, int64_t N, int64_t K, DType dtype, double budget, Allocator &alloc) {
-  GemmOperands fwd(M, N, K, dtype, alloc), dx(M, K, N, dtype, alloc), dw(K, N, M, dtype, alloc);
-  ColdCaches cold;
-  std::vector<double> times;
-  const auto start = Clock::now();
-  for (int rep = 0; (rep < 4 || seconds_since(start) < budget) && rep <= 1000; ++rep) {
-    const double t = cold.time([&] { fwd.run(alloc); }) + cold.time([&] { dx.run(alloc); }) +
-                     cold.time([&] { dw.run(alloc); });
-    if (rep > 0) times.push_back(t);  // the first calls create the primitives
+// their own data, as for attention below).
+struct LayerGemm {
+  int64_t M, N, K;
+  DType dtype;
+  std::unique_ptr<GemmOperands> fwd, dx, dw;  // kept between rounds while they fit (time_layer_gemms)
+  std::vector<double> times;                  // seconds of one fwd + dX + dW, one per round
+
+  size_t bytes() const {
+    const auto e = static_cast<size_t>(dtype_size(dtype));
+    const auto m = static_cast<size_t>(M), n = static_cast<size_t>(N), k = static_cast<size_t>(K);
+    return (e + 4) * (m * k + m * n + k * n) + e * (m * k + m * n + k * n);  // three (a, b, c) sets
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-  return {double(M), double(N), double(K), double(dtype_size(dtype)), 3 * fwd.flops() / times[times.size() / 2]};
+  // One fwd + dX + dW, timed cold; operands built now (untimed) unless kept.
+  double run_once(ColdCaches &cold, bool keep, Allocator &alloc) {
+    if (!fwd) {
+      fwd = std::make_unique<GemmOperands>(M, N, K, dtype, alloc);
+      dx = std::make_unique<GemmOperands>(M, K, N, dtype, alloc);
+      dw = std::make_unique<GemmOperands>(K, N, M, dtype, alloc);
+    }
+    const double t = cold.time([&] { fwd->run(alloc); }) + cold.time([&] { dx->run(alloc); }) +
+                     cold.time([&] { dw->run(alloc); });
+    if (!keep) fwd.reset(), dx.reset(), dw.reset();
+    return t;
+  }
+};
+
+// Times every shape by the median over rounds, each round visiting every shape once (the first round
+// creates the primitives and is not counted), until `budget` seconds per shape have passed (at least 5
+// counted rounds). Round-robin, not each shape's repetitions in a row: this VM has slow phases seconds
+// long, and a shape timed wholly inside one read 28% slow against its neighbours (llama-mini's
+// half-batch GEMMs, so every dp = 2 layout was predicted 18-22% slow). Spread over the rounds, a slow
+// phase moves every shape's median alike, or none. Operands stay allocated between rounds up to 1 GiB
+// in all (the model's first shapes); past that a shape's operands are rebuilt each round, untimed.
+std::vector<plan::MeasuredGemm> time_layer_gemms(std::vector<LayerGemm> &shapes, double budget, Allocator &alloc) {
+  constexpr size_t kKeepBytes = size_t{1} << 30;
+  std::vector<bool> keep(shapes.size());
+  size_t kept = 0;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    if (kept + shapes[i].bytes() <= kKeepBytes) keep[i] = true, kept += shapes[i].bytes();
+  ColdCaches cold;
+  const auto start = Clock::now();
+  const double total = budget * static_cast<double>(shapes.size());
+  for (int round = 0; (round <= 5 || seconds_since(start) < total) && round <= 1000; ++round)
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const double t = shapes[i].run_once(cold, keep[i], alloc);
+      if (round > 0) shapes[i].times.push_back(t);
+    }
+  std::vector<plan::MeasuredGemm> out;
+  for (auto &g : shapes) {
+    auto &t = g.times;
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    const double flops = 3 * 2.0 * double(g.M) * double(g.N) * double(g.K);
+    out.push_back({double(g.M), double(g.N), double(g.K), double(dtype_size(g.dtype)), flops / t[t.size() / 2]});
+    g.fwd.reset(), g.dx.reset(), g.dw.reset();
+  }
+  return out;
 }
 
 // The layer GEMMs of the model in `config` at the shapes its layouts run on this machine: rows = the
@@ -173,26 +216,27 @@ std::vector<plan::MeasuredGemm> time_model_gemms(const std::string &config, doub
   const bool gpt2 = m.arch == spec::Arch::GPT2;
   const bool moe = m.moe.enabled(), dense = m.moe_layer_count() < m.n_layers;
   const int64_t Fe = m.expert_width(), Fs = m.moe.shared_experts * Fe, E = m.moe.experts, k = m.moe.top_k;
-  std::vector<plan::MeasuredGemm> out;
+  std::vector<LayerGemm> shapes;
+  auto add = [&](int64_t M, int64_t N, int64_t K) { shapes.push_back({M, N, K, dtype, nullptr, nullptr, nullptr, {}}); };
   for (int64_t tp : {1, 2}) {
     if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp || (moe && Fe % tp)) continue;
     for (int64_t n : rows) {
-      std::vector<std::pair<int64_t, int64_t>> shapes{{(q + 2 * kv) / tp, C}, {C, q / tp}, {m.vocab_size / tp, C}};
-      if (dense) shapes.insert(shapes.end(), {{(gpt2 ? F : 2 * F) / tp, C}, {C, F / tp}});
-      if (Fs > 0) shapes.insert(shapes.end(), {{2 * Fs / tp, C}, {C, Fs / tp}});
-      for (auto [N, K] : shapes) out.push_back(time_layer_gemm(n, N, K, dtype, budget, alloc));
+      std::vector<std::pair<int64_t, int64_t>> nk{{(q + 2 * kv) / tp, C}, {C, q / tp}, {m.vocab_size / tp, C}};
+      if (dense) nk.insert(nk.end(), {{(gpt2 ? F : 2 * F) / tp, C}, {C, F / tp}});
+      if (Fs > 0) nk.insert(nk.end(), {{2 * Fs / tp, C}, {C, Fs / tp}});
+      for (auto [N, K] : nk) add(n, N, K);
       // Each SwiGLU expert's GEMMs at its mean rows, n k ep / E, for ep in {1, 2, 4} dividing the
       // experts (the planner prices the experts at those shapes).
       if (moe)
         for (int64_t ep : {1, 2, 4}) {
           if (E % ep || (n * k * ep) % E) continue;
           const int64_t r = n * k * ep / E;
-          for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{2 * Fe / tp, C}, {C, Fe / tp}})
-            out.push_back(time_layer_gemm(r, N, K, dtype, budget, alloc));
+          add(r, 2 * Fe / tp, C);
+          add(r, C, Fe / tp);
         }
     }
   }
-  return out;
+  return time_layer_gemms(shapes, budget, alloc);
 }
 
 // Loom's attention kernel, forward then backward, at one shape: FLOP/s by the kernel's own declared
