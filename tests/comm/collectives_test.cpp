@@ -199,6 +199,29 @@ TEST(BenchComm, InPlaceOnRegisteredBuffersFindsNoWrongElements) {
   }
 }
 
+// --busy-ms times each op alone between GEMMs (as a step issues its collectives): the results are still
+// checked, and a op's time is at least what it takes between idle ranks' batches, never zero.
+TEST(BenchComm, BetweenBusyWorkTimesEveryOpAndFindsNoWrongElements) {
+  auto r = run_shell("exec " + kLoom + " run -n 2 -- " + kLoom +
+                     " bench comm --ops all_reduce,all_gather -b 1K -e 64K -f 64 --batches 2 --batch-seconds 0.01"
+                     " --busy-ms 1 --plain --no-ceiling --json");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  int rows = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    ++rows;
+    EXPECT_NE(line.find("\"wrong\":0"), std::string::npos) << line;
+    const auto at = line.find("\"time_us\":");
+    ASSERT_NE(at, std::string::npos) << line;
+    EXPECT_GT(std::stod(line.substr(at + 10)), 0.0) << line;
+  }
+  EXPECT_EQ(rows, 4) << r.out;  // two ops x 1 KiB, 64 KiB
+  auto bad = run_shell("exec " + kLoom + " bench comm --busy-ms -1");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--busy-ms"), std::string::npos) << bad.err;
+}
+
 TEST(BenchComm, VsMpiOutsideMpirunIsAClearError) {
   auto r = run_shell("exec " + kLoom + " bench comm --vs mpi -e 4K");
   EXPECT_NE(r.rc, 0);

@@ -267,3 +267,95 @@ tflops = 0.25
   EXPECT_NE(r.rc, 0);
   EXPECT_NE((r.out + r.err).find("--model"), std::string::npos) << r.out << r.err;
 }
+
+// A CPU machine shared by a job's ranks: each rank gets its share of the peaks and bandwidth, and its
+// GEMMs run at the per-rank rates timed at that many ranks where the file has them ([[gemm_table]]
+// with ranks = R), else at the whole machine's rates shared out. Collectives on staged (plain) buffers
+// use staged_intra_node where the file has it. All of it survives the round trip through the file.
+TEST(Calibrate, SharedMachinesUsePerRankGemmRatesAndStagedLinks) {
+  // A CPU file as calibrate writes one: shared-memory links, registered and staged.
+  const std::string machine = "name = \"cpu\"\n[device]\nmemory_GiB = 16\nmemory_bandwidth_GBps = 50\n"
+                              "peak_tflops = { bf16 = 1, f32 = 0.5 }\n[node]\ndevices = 1\n"
+                              "[intra_node]\nbandwidth_GBps = 10\nlatency_us = 1\ntopology = \"shared_memory\"\n"
+                              "[staged_intra_node]\nbandwidth_GBps = 2\nlatency_us = 100\n"
+                              "[inter_node]\nbandwidth_GBps = 10\nlatency_us = 1\n";
+  Hardware hw = parse_hardware(machine + R"(
+[[gemm_table]]
+m = 1024
+n = 1152
+k = 384
+bytes = 2
+tflops = 0.6
+[[gemm_table]]
+m = 1024
+n = 1152
+k = 384
+bytes = 2
+tflops = 0.35
+ranks = 2
+)", "cpu.toml");
+  ASSERT_EQ(hw.gemm_table.size(), 2u);
+  const GemmShape g{1024, 1152, 384, 1};
+  const double flops = 2.0 * 1024 * 1152 * 384;
+  // The whole machine reads only the whole-machine rate.
+  EXPECT_NEAR(gemm_time(g, hw, hw.peak("bf16"), 2), flops / 0.6e12, 1e-12);
+  const Hardware two = rank_share(hw, 2);
+  EXPECT_DOUBLE_EQ(two.device.peak_bf16, 0.5e12);
+  EXPECT_DOUBLE_EQ(two.device.memory_bandwidth, 25e9);
+  EXPECT_EQ(two.devices_per_node, 2);
+  EXPECT_NEAR(gemm_time(g, two, two.peak("bf16"), 2), flops / 0.35e12, 1e-12) << "the rate timed per rank";
+  const Hardware four = rank_share(hw, 4);
+  EXPECT_NEAR(gemm_time(g, four, four.peak("bf16"), 2), flops / 0.15e12, 1e-12) << "no per-rank entry: shared out";
+  EXPECT_NEAR(gemm_time(g, rank_share(hw, 1), hw.peak("bf16"), 2), flops / 0.6e12, 1e-12);
+  // Staged collectives take their own link inside a node; registered ones (and no staged link) intra_node.
+  const GroupShape pair{2, 2};
+  const double mb = 1 << 20;
+  EXPECT_GT(group_collective_time(Collective::AllReduce, mb, pair, hw, true),
+            4 * group_collective_time(Collective::AllReduce, mb, pair, hw));
+  Hardware no_staged = hw;
+  no_staged.staged_intra_node = {};
+  EXPECT_DOUBLE_EQ(group_collective_time(Collective::AllReduce, mb, pair, no_staged, true),
+                   group_collective_time(Collective::AllReduce, mb, pair, hw));
+  // Round trip.
+  const Hardware back = parse_hardware(hardware_to_toml(hw, "x", {}), "back.toml");
+  ASSERT_EQ(back.gemm_table.size(), 2u);
+  EXPECT_EQ(back.gemm_table[1].ranks, 2);
+  EXPECT_DOUBLE_EQ(back.staged_intra_node.bandwidth, 2e9);
+  EXPECT_DOUBLE_EQ(back.staged_intra_node.latency, 100e-6);
+  std::string text = hardware_to_toml(hw, "x", {});
+  text.replace(text.find("ranks = 2"), 9, "ranks = 0");
+  try {
+    parse_hardware(text, "bad.toml");
+    FAIL() << "ranks = 0 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_table[1]: 'ranks' must be an integer in [1, 65536]"), std::string::npos)
+        << e.what();
+  }
+}
+
+// `loom calibrate --model` with its collectives times the model's layer GEMMs a second time per rank of
+// a 2-rank job (`loom bench gemm` under `loom run -n 2`), and measures staged collectives too.
+TEST(Calibrate, TimesTheLayerGemmsPerRankOfTheRanksItMeasuresCollectivesOn) {
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / ("loom-calibrate-ranks-" + std::to_string(::getpid()) + ".toml");
+  auto r = test::run_loom("calibrate --quick --threads 1 --model " LOOM_SOURCE_DIR "/configs/tiny.toml --out " +
+                          file.string());
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const Hardware hw = load_hardware(file.string());
+  size_t whole = 0, per_rank = 0;
+  for (const auto& g : hw.gemm_table) {
+    EXPECT_GT(g.flops_per_s, 0);
+    (g.ranks == 1 ? whole : per_rank) += 1;
+    EXPECT_TRUE(g.ranks == 1 || g.ranks == 2) << g.ranks;
+  }
+  EXPECT_GE(whole, 20u);
+  EXPECT_EQ(per_rank, whole) << "every shape timed per rank too";
+  EXPECT_GT(hw.staged_intra_node.bandwidth, 0);
+  fs::remove(file);
+  // The benchmark itself, one copy per rank: every rank reports every shape.
+  auto b = test::run_loom("run -n 2 -- loom bench gemm --json --budget 0.001 --config " LOOM_SOURCE_DIR
+                          "/configs/tiny.toml");
+  ASSERT_EQ(b.rc, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("\"rank\":0"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("\"rank\":1"), std::string::npos) << b.out;
+}

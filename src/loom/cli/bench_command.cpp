@@ -21,6 +21,8 @@
 
 #include "loom/cli/commands.h"
 #include "loom/comm/reduce_kernels.h"
+#include "loom/kernels/cpu_backend.h"
+#include "loom/kernels/gemm.h"
 #include "loom/comm/world.h"
 #include "loom/error.h"
 
@@ -48,6 +50,9 @@ struct BenchArgs {
   bool json = false;      // one JSON object per row instead of the table
   int check_cost = 0;     // rounds of alternating the always-on op check off and on (0: not measured)
   std::string transport;  // --comm: overrides LOOM_COMM
+  // > 0: each op is issued alone and waited for after this many milliseconds of GEMMs on the rank's
+  // threads, as a training step issues its blocking collectives; the time is the rank-average wait.
+  double busy_ms = 0;
 };
 
 size_t parse_bytes(const std::string& s) {
@@ -166,6 +171,39 @@ MPI_Datatype mpi_type(DType t) {
     default: return MPI_DATATYPE_NULL;  // bf16: MPI has no such type
   }
 }
+
+// A fixed amount of GEMM work that takes about `ms` milliseconds on this rank's threads when measured:
+// fixed work, not a fixed time, so that ranks slowed by the machine's noise arrive late at the next
+// collective, as they do in a training step.
+class BusyWork {
+ public:
+  explicit BusyWork(double ms) : backend_(alloc_, nullptr, resolve_threads(0)) {
+    if (ms <= 0) return;
+    run_once();  // creates the primitive
+    std::vector<double> t;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      run_once();
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    reps_ = std::max(1, static_cast<int>(std::lround(ms * 1e-3 / std::max(t[1], 1e-7))));
+  }
+  void run() {
+    for (int i = 0; i < reps_; ++i) run_once();
+  }
+
+ private:
+  static constexpr int64_t kDim = 256;
+  void run_once() {
+    kernels::gemm({.M = kDim, .N = kDim, .K = kDim}, a_.data(), b_.data(), c_.data(), nullptr, alloc_);
+  }
+  Allocator alloc_;
+  kernels::CpuBackend backend_;  // sets this rank's thread count for the GEMMs
+  std::vector<float> a_ = std::vector<float>(kDim * kDim, 0.5f), b_ = std::vector<float>(kDim * kDim, 0.25f),
+                     c_ = std::vector<float>(kDim * kDim);
+  int reps_ = 0;
+};
 
 // The least work an op needs, done by one process with one thread per rank over n private buffers.
 class Ceiling {
@@ -289,7 +327,7 @@ struct Row {
 
 class CommBench {
  public:
-  CommBench(const BenchArgs& a, comm::World& world) : a_(a), world_(world), pg_(world.group()) {
+  CommBench(const BenchArgs& a, comm::World& world) : a_(a), world_(world), pg_(world.group()), busy_(a.busy_ms) {
     dtype_ = parse_dtype(a.dtype);
     if (a.vs_mpi) {
       int init = 0;
@@ -379,7 +417,8 @@ class CommBench {
     }
     // Timing: the values no longer matter (in-place ops accumulate), only the bytes moved.
     const uint64_t wrong_here = row.wrong;
-    row.seconds = time_batches([&] { return issue(); }, &row.cpu_seconds);
+    row.seconds = a_.busy_ms > 0 ? time_between_work([&] { return issue(); })
+                                 : time_batches([&] { return issue(); }, &row.cpu_seconds);
     row.wrong = static_cast<uint64_t>(reduce_max(static_cast<double>(wrong_here)));
     if (a_.vs_mpi) row.mpi_seconds = time_mpi(k, s, in, out_ptr);
     if (a_.check_cost > 0) {
@@ -439,6 +478,32 @@ class CommBench {
       double cpu = (pg_.stats().comm_cpu_seconds - cpu0) / (double(iters) * a_.batches);
       pg_.all_reduce(&cpu, &cpu, 1, DType::F64, ReduceOp::kAvg).wait();
       *cpu_per_op = cpu;
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+  // Seconds per op as a step sees it (--busy-ms): each op issued after the busy work and waited for
+  // alone; per batch the rank-average wait (each rank's exposed time, including waiting for a late
+  // peer), median batch.
+  template <class Issue>
+  double time_between_work(Issue&& issue) {
+    issue().wait();
+    const double per_iter = a_.busy_ms * 1e-3;
+    const int iters = std::clamp(static_cast<int>(a_.batch_seconds / per_iter), 3, 2000);
+    std::vector<double> times;
+    for (int b = 0; b < a_.batches; ++b) {
+      pg_.barrier().wait();
+      double waited = 0;
+      for (int i = 0; i < iters; ++i) {
+        busy_.run();
+        const auto t0 = Clock::now();
+        issue().wait();
+        waited += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      double mean = waited / iters;
+      pg_.all_reduce(&mean, &mean, 1, DType::F64, ReduceOp::kAvg).wait();
+      times.push_back(mean);
     }
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
@@ -524,6 +589,7 @@ class CommBench {
   ProcessGroup& pg_;
   DType dtype_;
   std::unique_ptr<Ceiling> ceiling_;
+  BusyWork busy_;
 };
 
 int bench_comm(const BenchArgs& a) {
@@ -566,6 +632,10 @@ void register_bench(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"mpi"}));
   cmd->add_flag("!--no-ceiling", a->ceiling, "skip the in-process ceiling measurement");
   cmd->add_flag("--json", a->json, "one JSON object per row (op, ranks, bytes, time_us, algbw/busbw GB/s, ...)");
+  cmd->add_option("--busy-ms", a->busy_ms,
+                  "issue each op alone after this many milliseconds of GEMMs on the rank's threads, as a training "
+                  "step does, and report the rank-average wait (late peers included); 0: back-to-back batches")
+      ->check(finite_range(0, 10000));
   cmd->add_option("--check-cost", a->check_cost,
                   "also time each row N rounds with the always-on op check off and on, alternating in the same run "
                   "(LOOM_COMM_CHECK)")
@@ -575,6 +645,7 @@ void register_bench(CLI::App& app, Action& action) {
     if (a->batches < 1) throw CLI::ValidationError("--batches", "must be at least 1");
     action = [a] { return bench_comm(*a); };
   });
+  register_bench_gemm(*bench, action);
 }
 
 }  // namespace loom::cli

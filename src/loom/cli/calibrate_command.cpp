@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "loom/cli/commands.h"
+#include "loom/cli/layer_gemm_timing.h"
 #include "loom/core/allocator.h"
 #include "loom/core/cpu_features.h"
 #include "loom/error.h"
@@ -91,152 +92,11 @@ template <class Run> double best_rate(double work, double budget, Run &&run) {
   return best;
 }
 
-// Times one call with the core caches evicted first (16 MiB written, untimed): a training step calls
-// each kernel after others have filled the caches with their own data.
-class ColdCaches {
- public:
-  template <class Kernel> double time(Kernel &&kernel) {
-    for (size_t i = 0; i < evict_.size(); i += 16) evict_[i] += 1.0f;
-    const auto t0 = Clock::now();
-    kernel();
-    return seconds_since(t0);
-  }
-
- private:
-  std::vector<float> evict_ = std::vector<float>(size_t{4} << 20);
-};
-
-// One GEMM shape's operands, filled with small non-zero values near 1 (as the peak probe: zeros or
-// denormals could take unrepresentative paths), and the call that runs it.
-struct GemmOperands {
-  kernels::GemmDesc d;
-  Buffer a, b, c;
-  GemmOperands(int64_t M, int64_t N, int64_t K, DType dtype, Allocator &alloc)
-      : d{.M = M, .N = N, .K = K, .ab_type = dtype},
-        a(alloc, dtype_size(dtype) * M * K, MemCategory::Workspace),
-        b(alloc, dtype_size(dtype) * K * N, MemCategory::Workspace),
-        c(alloc, sizeof(float) * M * N, MemCategory::Workspace) {
-    const size_t elt = dtype_size(dtype);
-    auto fill = [elt](Buffer &buf, size_t n, unsigned mod) {
-      auto *p = static_cast<unsigned char *>(buf.data());
-      for (size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(i % mod + 1);
-      for (size_t i = elt - 1; i < n; i += elt) p[i] = 0x3c;
-    };
-    fill(a, elt * M * K, 61);
-    fill(b, elt * K * N, 53);
-  }
-  void run(Allocator &alloc) { kernels::gemm(d, a.data(), b.data(), static_cast<float *>(c.data()), nullptr, alloc); }
-  double flops() const { return 2.0 * double(d.M) * double(d.N) * double(d.K); }
-};
-
 // Best rate of one GEMM shape (best_rate).
 plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
                            double budget, Allocator &alloc) {
   GemmOperands g(M, N, K, dtype, alloc);
   return {double(M), double(N), double(K), best_rate(g.flops(), budget, [&] { g.run(alloc); })};
-}
-
-// A layer GEMM as a training step runs it: the forward [M, N, K] and its backward dX [M, K, N] and dW
-// [K, N, M], each called with the core caches evicted (a step's other kernels have filled them with
-// their own data, as for attention below).
-struct LayerGemm {
-  int64_t M, N, K;
-  DType dtype;
-  std::unique_ptr<GemmOperands> fwd, dx, dw;  // kept between rounds while they fit (time_layer_gemms)
-  std::vector<double> times;                  // seconds of one fwd + dX + dW, one per round
-
-  size_t bytes() const {
-    const auto e = static_cast<size_t>(dtype_size(dtype));
-    const auto m = static_cast<size_t>(M), n = static_cast<size_t>(N), k = static_cast<size_t>(K);
-    return (e + 4) * (m * k + m * n + k * n) + e * (m * k + m * n + k * n);  // three (a, b, c) sets
-  }
-  // One fwd + dX + dW, timed cold; operands built now (untimed) unless kept.
-  double run_once(ColdCaches &cold, bool keep, Allocator &alloc) {
-    if (!fwd) {
-      fwd = std::make_unique<GemmOperands>(M, N, K, dtype, alloc);
-      dx = std::make_unique<GemmOperands>(M, K, N, dtype, alloc);
-      dw = std::make_unique<GemmOperands>(K, N, M, dtype, alloc);
-    }
-    const double t = cold.time([&] { fwd->run(alloc); }) + cold.time([&] { dx->run(alloc); }) +
-                     cold.time([&] { dw->run(alloc); });
-    if (!keep) fwd.reset(), dx.reset(), dw.reset();
-    return t;
-  }
-};
-
-// Times every shape by the median over rounds, each round visiting every shape once (the first round
-// creates the primitives and is not counted), until `budget` seconds per shape have passed (at least 5
-// counted rounds). Round-robin, not each shape's repetitions in a row: this VM has slow phases seconds
-// long, and a shape timed wholly inside one read 28% slow against its neighbours (llama-mini's
-// half-batch GEMMs, so every dp = 2 layout was predicted 18-22% slow). Spread over the rounds, a slow
-// phase moves every shape's median alike, or none. Operands stay allocated between rounds up to 1 GiB
-// in all (the model's first shapes); past that a shape's operands are rebuilt each round, untimed.
-std::vector<plan::MeasuredGemm> time_layer_gemms(std::vector<LayerGemm> &shapes, double budget, Allocator &alloc) {
-  constexpr size_t kKeepBytes = size_t{1} << 30;
-  std::vector<bool> keep(shapes.size());
-  size_t kept = 0;
-  for (size_t i = 0; i < shapes.size(); ++i)
-    if (kept + shapes[i].bytes() <= kKeepBytes) keep[i] = true, kept += shapes[i].bytes();
-  ColdCaches cold;
-  const auto start = Clock::now();
-  const double total = budget * static_cast<double>(shapes.size());
-  for (int round = 0; (round <= 5 || seconds_since(start) < total) && round <= 1000; ++round)
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const double t = shapes[i].run_once(cold, keep[i], alloc);
-      if (round > 0) shapes[i].times.push_back(t);
-    }
-  std::vector<plan::MeasuredGemm> out;
-  for (auto &g : shapes) {
-    auto &t = g.times;
-    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-    const double flops = 3 * 2.0 * double(g.M) * double(g.N) * double(g.K);
-    out.push_back({double(g.M), double(g.N), double(g.K), double(dtype_size(g.dtype)), flops / t[t.size() / 2]});
-    g.fwd.reset(), g.dx.reset(), g.dw.reset();
-  }
-  return out;
-}
-
-// The layer GEMMs of the model in `config` at the shapes its layouts run on this machine: rows = the
-// tokens of one micro-batch (the batch, a half and a quarter of it as dp = 2 and 4 or pipeline
-// micro-batches give, and the configured micro-batch),
-// columns split by tp in {1, 2} where tp divides the heads, KV heads and FFN width; the LM head too. A
-// mixture of experts adds its experts' GEMMs (at the rows each expert sees) and its shared experts'.
-std::vector<plan::MeasuredGemm> time_model_gemms(const std::string &config, double budget, Allocator &alloc) {
-  const train::RunConfig cfg = train::load_run_config(config);
-  const spec::TransformerConfig &m = cfg.model.resolved;
-  const DType dtype = cfg.precision == model::Precision::FP32 ? DType::F32 : DType::BF16;
-  const int64_t T = cfg.seq_len();
-  std::vector<int64_t> rows = {cfg.train.batch_size * T};
-  for (int64_t d : {2, 4})
-    if (cfg.train.batch_size % d == 0) rows.push_back(cfg.train.batch_size / d * T);
-  if (cfg.train.micro_batch_size > 0) rows.push_back(cfg.train.micro_batch_size * T);
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  const int64_t C = m.d_model, hd = m.head_dim(), q = m.n_heads * hd, kv = m.n_kv_heads * hd, F = m.d_ff;
-  const bool gpt2 = m.arch == spec::Arch::GPT2;
-  const bool moe = m.moe.enabled(), dense = m.moe_layer_count() < m.n_layers;
-  const int64_t Fe = m.expert_width(), Fs = m.moe.shared_experts * Fe, E = m.moe.experts, k = m.moe.top_k;
-  std::vector<LayerGemm> shapes;
-  auto add = [&](int64_t M, int64_t N, int64_t K) { shapes.push_back({M, N, K, dtype, nullptr, nullptr, nullptr, {}}); };
-  for (int64_t tp : {1, 2}) {
-    if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp || (moe && Fe % tp)) continue;
-    for (int64_t n : rows) {
-      std::vector<std::pair<int64_t, int64_t>> nk{{(q + 2 * kv) / tp, C}, {C, q / tp}, {m.vocab_size / tp, C}};
-      if (dense) nk.insert(nk.end(), {{(gpt2 ? F : 2 * F) / tp, C}, {C, F / tp}});
-      if (Fs > 0) nk.insert(nk.end(), {{2 * Fs / tp, C}, {C, Fs / tp}});
-      for (auto [N, K] : nk) add(n, N, K);
-      // Each SwiGLU expert's GEMMs at its mean rows, n k ep / E, for ep in {1, 2, 4} dividing the
-      // experts (the planner prices the experts at those shapes).
-      if (moe)
-        for (int64_t ep : {1, 2, 4}) {
-          if (E % ep || (n * k * ep) % E) continue;
-          const int64_t r = n * k * ep / E;
-          add(r, 2 * Fe / tp, C);
-          add(r, C, Fe / tp);
-        }
-    }
-  }
-  return time_layer_gemms(shapes, budget, alloc);
 }
 
 // Loom's attention kernel, forward then backward, at one shape: FLOP/s by the kernel's own declared
@@ -305,18 +165,13 @@ plan::StreamSample time_triad(size_t array_bytes, int passes) {
   return {static_cast<double>(n * sizeof(double)), kernels::stream_triad_bandwidth(n * sizeof(double), passes)};
 }
 
-// Loom's collectives between `ranks` ranks of this machine, timed by `loom bench
-// comm` in a job of its own (one JSON row per op and size).
-std::vector<plan::CollectiveSample> time_collectives(int ranks, bool quick) {
+// `loom run -n RANKS -- loom BENCH` in a job of its own: its output (every rank's) and exit status.
+std::pair<std::string, int> run_ranks(int ranks, const std::string &bench) {
   const std::string self = self_executable();
   if (self.empty())
-    throw IoError("loom calibrate: cannot find its own executable to start the "
-                  "collectives benchmark; pass --no-comm");
-  const std::string cmd = fmt::format(
-      "'{0}' run -n {1} -- '{0}' bench comm --json --no-ceiling "
-      "--ops all_reduce,all_gather,reduce_scatter -b 8 -e {2} -f 16 "
-      "--batches {3} --batch-seconds {4} 2>&1",
-      self, ranks, quick ? "64K" : "64M", quick ? 1 : 3, quick ? 0.01 : 0.05);
+    throw IoError("loom calibrate: cannot find its own executable to start `loom " + bench + "` on " +
+                  std::to_string(ranks) + " ranks; pass --no-comm");
+  const std::string cmd = fmt::format("'{0}' run -n {1} -- '{0}' {2} 2>&1", self, ranks, bench);
   FILE *p = ::popen(cmd.c_str(), "r");
   if (p == nullptr)
     throw IoError("loom calibrate: cannot start '" + cmd + "'");
@@ -325,24 +180,67 @@ std::vector<plan::CollectiveSample> time_collectives(int ranks, bool quick) {
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
     text.append(buf, n);
-  const int status = ::pclose(p);
-  std::vector<plan::CollectiveSample> out;
+  return {text, ::pclose(p)};
+}
+
+// The JSON object of each line of `text` that is one, with `key`.
+std::vector<nlohmann::json> json_rows(const std::string &text, const char *key) {
+  std::vector<nlohmann::json> rows;
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     if (line.empty() || line[0] != '{')
       continue;
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("time_us"))
-      continue;
+    if (!j.is_discarded() && j.contains(key))
+      rows.push_back(std::move(j));
+  }
+  return rows;
+}
+
+// --quick (seconds-long test runs) times back-to-back batches: busy work under a loaded test machine
+// makes its few small-message samples measure the load.
+double busy_ms(bool quick) { return quick ? 0 : 3; }
+
+// Loom's collectives between `ranks` ranks of this machine as a training step issues them, timed by
+// `loom bench comm --busy-ms` in a job of its own (one JSON row per op and size): each op alone after
+// a few milliseconds of GEMMs on every rank, so a rank the machine's noise made late is waited for,
+// and the GEMMs' threads share the cores with the transport's. Back-to-back batches on idle ranks (what
+// `loom bench comm` reports by default) read 3-10x faster than a step's collectives on the 2-core
+// development VM: tp2's 3 MB all-reduces waited 1.7-2.5 ms each in `mini`'s step against 0.25 ms
+// predicted from them. `plain`: unregistered buffers, which the transport stages (staged_intra_node).
+std::vector<plan::CollectiveSample> time_collectives(int ranks, bool quick, bool plain) {
+  const auto [text, status] = run_ranks(
+      ranks, fmt::format("bench comm --json --no-ceiling --ops all_reduce,all_gather,reduce_scatter -b 8 -e {} -f 16 "
+                         "--batches {} --batch-seconds {} --busy-ms {}{}",
+                         quick ? "64K" : "64M", quick ? 1 : 5, quick ? 0.01 : 0.05, busy_ms(quick),
+                         plain ? " --plain" : ""));
+  std::vector<plan::CollectiveSample> out;
+  for (const auto &j : json_rows(text, "time_us"))
     out.push_back({j["op"].get<std::string>(), j["ranks"].get<int>(),
                    j["bytes"].get<double>(), j["time_us"].get<double>() * 1e-6});
-  }
   if (status != 0 || out.empty())
     throw IoError(fmt::format(
         "loom calibrate: the collectives benchmark on {} ranks failed (exit "
         "status {}); its output:\n{}\npass --no-comm to calibrate without it",
         ranks, status, text));
   return out;
+}
+
+// The layer GEMMs of the model in `config` as each of `ranks` ranks sharing this machine runs them, on
+// its share of the cores while the others run theirs (`loom bench gemm` in a job of its own): per
+// shape, the median over the ranks' rates, as MeasuredGemm::ranks = ranks entries.
+std::vector<plan::MeasuredGemm> time_model_gemms_per_rank(const std::string &config, int ranks, double budget) {
+  const auto [text, status] =
+      run_ranks(ranks, fmt::format("bench gemm --json --budget {} --config '{}'", budget, config));
+  std::vector<plan::MeasuredGemm> samples;
+  for (const auto &j : json_rows(text, "tflops"))
+    samples.push_back({j["m"].get<double>(), j["n"].get<double>(), j["k"].get<double>(), j["bytes"].get<double>(),
+                       j["tflops"].get<double>() * 1e12, ranks});
+  if (status != 0 || samples.empty())
+    throw IoError(fmt::format("loom calibrate: the per-rank GEMM benchmark of {} on {} ranks failed (exit status {}); "
+                              "its output:\n{}\npass --no-comm to calibrate without it",
+                              config, ranks, status, text));
+  return plan::merge_gemm_samples(samples);
 }
 
 int run_calibrate(const CalibrateOptions &o) {
@@ -414,7 +312,8 @@ int run_calibrate(const CalibrateOptions &o) {
     }
   }
   for (const auto &config : o.models) {
-    auto gemms = time_model_gemms(config, o.quick ? 0.01 : 0.2, alloc);
+    auto shapes = model_layer_gemms(config);
+    auto gemms = time_layer_gemms(shapes, o.quick ? 0.01 : 0.2, alloc);
     cal.engine_gemms.insert(cal.engine_gemms.end(), gemms.begin(), gemms.end());
   }
   cal.elementwise_bytes_per_s = time_elementwise(o.quick ? (1 << 20) : (16 << 20), o.quick ? 2 : 4);
@@ -424,9 +323,17 @@ int run_calibrate(const CalibrateOptions &o) {
       if (ranks < 2)
         throw ConfigError(fmt::format(
             "--comm-ranks {}: a collective needs at least 2 ranks", ranks));
-      auto samples = time_collectives(ranks, o.quick);
+      cal.collective_busy_ms = busy_ms(o.quick);
+      auto samples = time_collectives(ranks, o.quick, false);
       cal.collectives.insert(cal.collectives.end(), samples.begin(),
                              samples.end());
+      auto staged = time_collectives(ranks, o.quick, true);
+      cal.collectives_staged.insert(cal.collectives_staged.end(), staged.begin(), staged.end());
+      // The same ranks' GEMMs: a rank on its share of the cores is not the whole machine shared out.
+      for (const auto &config : o.models) {
+        auto per_rank = time_model_gemms_per_rank(config, ranks, o.quick ? 0.01 : 0.2);
+        cal.engine_gemms.insert(cal.engine_gemms.end(), per_rank.begin(), per_rank.end());
+      }
     }
 
   // Checked before and after, since other work may start or stop meanwhile.

@@ -23,7 +23,8 @@ void register_plan(CLI::App& app, Action& action);
 void register_prepare(CLI::App& app, Action& action);
 void register_calibrate(CLI::App& app, Action& action);
 void register_run(CLI::App& app, Action& action);         // the launcher
-void register_bench(CLI::App& app, Action& action);       // bench comm
+void register_bench(CLI::App& app, Action& action);       // bench comm, bench gemm
+void register_bench_gemm(CLI::App& bench, Action& action);  // `loom bench gemm`, under register_bench
 void register_verify(CLI::App& app, Action& action);      // layout invariance
 void register_profile(CLI::App& app, Action& action);     // profile report
 void register_ckpt(CLI::App& app, Action& action);        // ckpt inspect

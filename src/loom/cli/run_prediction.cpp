@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/error.h"
@@ -19,17 +20,11 @@ namespace {
 // One rank's device. A CPU machine file (one device per node) is the whole machine: the run's ranks
 // split its cores, so each gets its share of the peaks, of the memory bandwidth and of the memory.
 plan::Hardware rank_device(const plan::Hardware& machine, int world, std::string& source) {
-  plan::Hardware hw = machine;
-  if (machine.devices_per_node == 1 && world > 1) {
-    const double w = world;
-    hw.device.peak_f32 /= w, hw.device.peak_bf16 /= w, hw.device.peak_fp8 /= w;
-    hw.device.attention_flops /= w, hw.device.attention_bf16_flops /= w;
-    for (auto& g : hw.gemm_table) g.flops_per_s /= w;  // measured with every core, as the peaks
-    hw.device.memory_bandwidth /= w, hw.device.memory_bytes /= w;
-    hw.devices_per_node = world;
-    source += fmt::format(", one device shared by {} ranks", world);
-  }
-  return hw;
+  if (machine.devices_per_node != 1 || world <= 1) return machine;
+  const bool timed = std::any_of(machine.gemm_table.begin(), machine.gemm_table.end(),
+                                 [&](const plan::MeasuredGemm& g) { return g.ranks == world; });
+  source += fmt::format(", one device shared by {} ranks{}", world, timed ? " (its layer GEMMs timed per rank)" : "");
+  return plan::rank_share(machine, world);
 }
 
 // Without a machine file: the report's roofline (the run's peak, the bandwidth measured now). Nothing
@@ -115,6 +110,7 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
   job.software = plan::software_profile("loom");
   job.software.bf16_weights_only = cfg.pure_bf16;
   job.software.dp_overlap = cfg.parallel.bucket_kb > 0;  // buckets reduce while backward runs
+  job.software.dp_bucket_bytes = static_cast<double>(cfg.parallel.bucket_kb) * 1024;
   // A CPU machine whose cores the ranks share: the collectives run on those cores (measured:
   // BENCHMARKS.md, tensor parallelism's overlap; dp2's 17-23 ms and ZeRO-3's ~34 ms of exposed
   // communication in the local loop, which the overlapped model had hidden).

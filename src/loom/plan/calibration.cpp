@@ -53,7 +53,9 @@ std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> sampl
   std::vector<std::vector<double>> rates;
   for (const MeasuredGemm &g : samples) {
     size_t i = 0;
-    while (i < out.size() && !(out[i].M == g.M && out[i].N == g.N && out[i].K == g.K && out[i].bytes == g.bytes)) ++i;
+    while (i < out.size() && !(out[i].M == g.M && out[i].N == g.N && out[i].K == g.K && out[i].bytes == g.bytes &&
+                               out[i].ranks == g.ranks))
+      ++i;
     if (i == out.size()) out.push_back(g), rates.emplace_back();
     rates[i].push_back(g.flops_per_s);
   }
@@ -91,6 +93,7 @@ Hardware hardware_from_calibration(const Calibration &c) {
     // Measured between ranks on this machine (shared memory). There is no network to another machine
     // to measure: inter_node copies it.
     hw.intra_node = fit_link(c.collectives).link;
+    if (!c.collectives_staged.empty()) hw.staged_intra_node = fit_link(c.collectives_staged).link;
     hw.efficiency.link = 1.0; // the bandwidth is the achieved bus bandwidth
   } else {
     // Not measured: a shared-memory copy reads and writes each byte, so half the streaming bandwidth
@@ -155,7 +158,13 @@ LinkFit fit_link(std::span<const CollectiveSample> samples) {
               [](auto &a, auto &b) { return a.bytes < b.bytes; });
     const Collective op = collective_of(key.first);
     const double steps = latency_steps(op, key.second, Topology::SharedMemory);
-    alphas.push_back(v.front().seconds / steps);
+    // The median of the messages up to 4 KiB (whose bytes cost nothing on any link calibrate measures),
+    // not the smallest alone: timed as a step issues them, a small op's time is the ranks' skew, and
+    // one sample of it moved the fitted latency between 30 and 390 us from run to run.
+    std::vector<double> small;
+    for (const auto &s : v)
+      if (s.bytes <= 4096) small.push_back(s.seconds);
+    alphas.push_back((small.empty() ? v.front().seconds : median(small)) / steps);
     const auto &big = v.back();
     betas.push_back(big.bytes * busbw_factor(op, key.second) / big.seconds);
   }
@@ -200,12 +209,16 @@ std::string calibration_to_toml(const Calibration &c) {
   if (!c.collectives.empty()) {
     const LinkFit link = fit_link(c.collectives);
     not_measured = fmt::format(
-        "Measured: Loom's collectives between ranks on this machine (`loom "
-        "bench comm`, shared memory),\n"
-        "fitted to the alpha-beta model of collective_cost.h (shared_memory: one step per phase): "
-        "latency from the smallest messages,\n"
-        "bandwidth = bus bandwidth of the largest (rms log error {:.3f} over "
-        "every sample in [calibration]).",
+        "Measured: Loom's collectives between ranks on this machine ({}), on registered buffers\n"
+        "(data parallelism's gradients); staged_intra_node: the same on plain buffers, which the transport\n"
+        "stages (the activations of TP, CP, EP and pipeline transfers). Fitted to the alpha-beta model of\n"
+        "collective_cost.h (shared_memory: one step per phase): latency from the smallest messages,\n"
+        "bandwidth = bus bandwidth of the largest (rms log error {:.3f} over every sample in [calibration]).",
+        c.collective_busy_ms > 0
+            ? fmt::format("as a step issues them: `loom bench comm --busy-ms {:g}`, each op alone after {:g} ms of\n"
+                          "GEMMs on every rank, so a late peer is waited for",
+                          c.collective_busy_ms, c.collective_busy_ms)
+            : std::string("`loom bench comm`: back-to-back batches on idle ranks"),
         link.rms_log_error);
   }
   std::string out = hardware_to_toml(
@@ -217,6 +230,7 @@ std::string calibration_to_toml(const Calibration &c) {
                   "(what bf16 training runs; the f32 ones where this CPU has no bf16 dot products)."},
        {"node", "This CPU is one device."},
        {"intra_node", not_measured},
+       {"staged_intra_node", "Loom's collectives on plain buffers (see intra_node), fitted the same way."},
        {"inter_node", "NOT MEASURED: no network between machines is known; "
                       "copies intra_node."},
        {"efficiency",
@@ -226,7 +240,9 @@ std::string calibration_to_toml(const Calibration &c) {
         "(its bandwidth is achieved bus\nbandwidth), else the default of hardware.h."},
        {"gemm_table", "`loom calibrate --model`: each layer GEMM of the named models at the shapes their layouts run\n"
                       "(rows = tokens per micro-batch, columns split by tp), forward + dX + dW timed; the planner\n"
-                      "uses these rates in place of the curve for exactly these shapes."}});
+                      "uses these rates in place of the curve for exactly these shapes. Entries with ranks = R are\n"
+                      "one rank's rate while R ranks share the machine (loom run -n R -- loom bench gemm), which the\n"
+                      "planner uses for R-rank runs on it."}});
   auto list = [](auto const &v, auto f) {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i)
@@ -277,26 +293,21 @@ std::string calibration_to_toml(const Calibration &c) {
     out += fmt::format("# Loom's element-wise kernels as a step mixes them (GeLU and LayerNorm forward and backward, AdamW) "
                        "over 64 MiB arrays: their declared bytes per second.\nelementwise_GBps = {:.4g}\n",
                        c.elementwise_bytes_per_s * 1e-9);
-  if (!c.collectives.empty()) {
-    out += "# Collectives: op, ranks, bytes (nccl-tests' size), median "
-           "microseconds per op.\n";
-    out += fmt::format("collective_ops = {}\n",
-                       list(c.collectives, [](const CollectiveSample &s) {
-                         return "\"" + s.op + "\"";
-                       }));
-    out += fmt::format("collective_ranks = {}\n",
-                       list(c.collectives, [](const CollectiveSample &s) {
-                         return std::to_string(s.ranks);
-                       }));
-    out += fmt::format("collective_bytes = {}\n",
-                       list(c.collectives, [](const CollectiveSample &s) {
-                         return fmt::format("{:.0f}", s.bytes);
-                       }));
-    out += fmt::format("collective_us = {}\n",
-                       list(c.collectives, [](const CollectiveSample &s) {
-                         return fmt::format("{:.4g}", s.seconds * 1e6);
-                       }));
-  }
+  auto collective_rows = [&](const std::vector<CollectiveSample> &v, const std::string &prefix,
+                             const std::string &what) {
+    if (v.empty()) return;
+    out += fmt::format("# {}: op, ranks, bytes (nccl-tests' size), median microseconds per op.\n", what);
+    out += fmt::format("{}ops = {}\n", prefix,
+                       list(v, [](const CollectiveSample &s) { return fmt::format("\"{}\"", s.op); }));
+    out += fmt::format("{}ranks = {}\n", prefix,
+                       list(v, [](const CollectiveSample &s) { return std::to_string(s.ranks); }));
+    out += fmt::format("{}bytes = {}\n", prefix,
+                       list(v, [](const CollectiveSample &s) { return fmt::format("{:.0f}", s.bytes); }));
+    out += fmt::format("{}us = {}\n", prefix,
+                       list(v, [](const CollectiveSample &s) { return fmt::format("{:.4g}", s.seconds * 1e6); }));
+  };
+  collective_rows(c.collectives, "collective_", "Collectives");
+  collective_rows(c.collectives_staged, "staged_collective_", "Collectives on plain (staged) buffers");
   return out;
 }
 

@@ -48,6 +48,9 @@ struct Calibration {
   std::vector<StreamSample>
       stream; // the largest array size gives the reported bandwidth
   std::vector<CollectiveSample> collectives; // empty: links not measured
+  double collective_busy_ms = 0;  // GEMM milliseconds before each timed op (`loom bench comm --busy-ms`)
+  // The same ops on plain (unregistered) buffers, which the transport stages: staged_intra_node.
+  std::vector<CollectiveSample> collectives_staged;
   // Loom's own kernels where they are not GEMMs: attention (forward + backward FLOP/s at each shape,
   // [B, T, H, D]) and its streaming element-wise kernels as a step mixes them (declared bytes per second).
   std::vector<std::pair<std::vector<int64_t>, double>> attention;

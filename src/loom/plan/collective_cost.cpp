@@ -37,26 +37,27 @@ double collective_time(Collective op, double bytes, int n, const Link& link, dou
   return latency_steps(op, n, link.topology) * link.latency + bytes * busbw_factor(op, n) / (link.bandwidth * eff);
 }
 
-double group_collective_time(Collective op, double bytes, GroupShape g, const Hardware& hw) {
+double group_collective_time(Collective op, double bytes, GroupShape g, const Hardware& hw, bool staged) {
+  const Link& intra = hw.intra_link(staged);
   const double eff = hw.efficiency.link;
   const int inside = std::max(1, std::min(g.per_node, g.n));
   const int across = std::max(1, g.n / inside);
-  if (across == 1) return collective_time(op, bytes, inside, hw.intra_node, eff);
+  if (across == 1) return collective_time(op, bytes, inside, intra, eff);
   if (inside == 1) return collective_time(op, bytes, across, hw.inter_node, eff);
   switch (op) {
     case Collective::AllReduce:
       // RS in node, AR of 1/inside across nodes on every rail at once, AG in node.
-      return collective_time(Collective::ReduceScatter, bytes, inside, hw.intra_node, eff) +
+      return collective_time(Collective::ReduceScatter, bytes, inside, intra, eff) +
              collective_time(Collective::AllReduce, bytes / inside, across, hw.inter_node, eff) +
-             collective_time(Collective::AllGather, bytes, inside, hw.intra_node, eff);
+             collective_time(Collective::AllGather, bytes, inside, intra, eff);
     case Collective::ReduceScatter:
     case Collective::AllGather:
-      return collective_time(op, bytes, inside, hw.intra_node, eff) +
+      return collective_time(op, bytes, inside, intra, eff) +
              collective_time(op, bytes / inside, across, hw.inter_node, eff);
     case Collective::AllToAll: {
       // The share that leaves the node (across-1)/across crosses the per-device network.
       const double out = bytes * (across - 1.0) / across / g.n;
-      return collective_time(op, bytes / across, inside, hw.intra_node, eff) +
+      return collective_time(op, bytes / across, inside, intra, eff) +
              latency_steps(op, across, Topology::Switch) * hw.inter_node.latency + out / (hw.inter_node.bandwidth * eff);
     }
     case Collective::Broadcast:

@@ -33,6 +33,7 @@ struct GroupShape {
   int n = 1;
   int per_node = 1;  // ranks of the group that share a node
 };
-double group_collective_time(Collective op, double bytes, GroupShape g, const Hardware& hw);
+// `staged`: on buffers the transport stages (Hardware::staged_intra_node inside a node).
+double group_collective_time(Collective op, double bytes, GroupShape g, const Hardware& hw, bool staged = false);
 
 }  // namespace loom::plan

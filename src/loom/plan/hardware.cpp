@@ -36,6 +36,28 @@ double Hardware::peak(const std::string& precision) const {
   return p;
 }
 
+Hardware rank_share(const Hardware& machine, int ranks) {
+  Hardware hw = machine;
+  if (ranks <= 1) return hw;
+  const double w = ranks;
+  hw.device.peak_f32 /= w, hw.device.peak_bf16 /= w, hw.device.peak_fp8 /= w;
+  hw.device.attention_flops /= w, hw.device.attention_bf16_flops /= w;
+  hw.device.memory_bandwidth /= w, hw.device.memory_bytes /= w;
+  hw.devices_per_node = ranks;
+  // A rank runs its GEMMs on its share of the cores, which is not the whole machine's rate shared out
+  // (one thread each of two ranks beat half the two-thread rate by 7-17% on llama-mini's shapes):
+  // the per-rank table where it was timed, else the whole device's rates shared out.
+  std::vector<MeasuredGemm> per_rank;
+  for (const auto& g : machine.gemm_table)
+    if (g.ranks == ranks) per_rank.push_back(g), per_rank.back().ranks = 1;
+  std::erase_if(hw.gemm_table, [](const MeasuredGemm& g) { return g.ranks != 1; });
+  if (per_rank.empty())
+    for (auto& g : hw.gemm_table) g.flops_per_s /= w;
+  else
+    hw.gemm_table = per_rank;
+  return hw;
+}
+
 namespace {
 
 // Far above any real device, link or efficiency figure in its file unit (TFLOP/s, GiB, GB/s, us).
@@ -112,6 +134,12 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
                    r.topology("intra_node.topology")};
   hw.inter_node = {r.number("inter_node.bandwidth_GBps") * G, r.number("inter_node.latency_us") * 1e-6,
                    Topology::Switch};
+  if (root.get("staged_intra_node")) {
+    hw.staged_intra_node = {r.number("staged_intra_node.bandwidth_GBps") * G,
+                            r.number("staged_intra_node.latency_us") * 1e-6, hw.intra_node.topology};
+    if (hw.staged_intra_node.bandwidth <= 0 || hw.staged_intra_node.latency < 0)
+      throw ConfigError(origin + ": 'staged_intra_node' needs a positive bandwidth_GBps and a latency_us >= 0");
+  }
   Efficiency e;
   e.gemm_max = r.number("efficiency.gemm_max", false, e.gemm_max);
   e.gemm_half_dim = r.number("efficiency.gemm_half_dim", false, e.gemm_half_dim);
@@ -139,6 +167,13 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
       };
       MeasuredGemm g{field("m"), field("n"), field("k"), field("bytes"), field("tflops") * T};
       if (g.bytes != 1 && g.bytes != 2 && g.bytes != 4) throw ConfigError(where + ": 'bytes' must be 1, 2 or 4");
+      if (const toml::node* r = row->get("ranks")) {
+        const auto v = r->value_exact<int64_t>();
+        if (!v || *v < 1 || *v > 65536)
+          throw ConfigError(where + ": 'ranks' must be an integer in [1, 65536] (the ranks sharing the device "
+                                    "when the rate was timed per rank)");
+        g.ranks = static_cast<int>(*v);
+      }
       hw.gemm_table.push_back(g);
     }
   }
@@ -184,6 +219,10 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   out += section("intra_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\ntopology = \"{}\"\n\n",
                                              hw.intra_node.bandwidth / G, hw.intra_node.latency * 1e6,
                                              topology_name(hw.intra_node.topology));
+  if (hw.staged_intra_node.bandwidth > 0)
+    out += section("staged_intra_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\n\n",
+                                                      hw.staged_intra_node.bandwidth / G,
+                                                      hw.staged_intra_node.latency * 1e6);
   out += section("inter_node") + fmt::format("bandwidth_GBps = {:.6g}\nlatency_us = {:.6g}\n\n",
                                              hw.inter_node.bandwidth / G, hw.inter_node.latency * 1e6);
   out += section("efficiency") + fmt::format("gemm_max = {:.4g}\ngemm_half_dim = {:.4g}\nmemory = {:.4g}\nlink = {:.4g}\n",
@@ -194,8 +233,8 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
   if (!hw.gemm_table.empty()) {
     out += "\n" + comment(notes.count("gemm_table") ? notes.at("gemm_table") : std::string("GEMM shapes measured as a training step runs them (forward + both backward GEMMs)."));
     for (const auto& g : hw.gemm_table)
-      out += fmt::format("[[gemm_table]]\nm = {:.0f}\nn = {:.0f}\nk = {:.0f}\nbytes = {:.0f}\ntflops = {:.6g}\n", g.M, g.N, g.K,
-                         g.bytes, g.flops_per_s / T);
+      out += fmt::format("[[gemm_table]]\nm = {:.0f}\nn = {:.0f}\nk = {:.0f}\nbytes = {:.0f}\ntflops = {:.6g}\n{}", g.M, g.N,
+                         g.K, g.bytes, g.flops_per_s / T, g.ranks > 1 ? fmt::format("ranks = {}\n", g.ranks) : "");
   }
   return out;
 }

@@ -54,9 +54,14 @@ struct DeviceSpec {
 // (4 f32, 2 bf16); the rate is the three's FLOPs over their summed time. For that shape and element size
 // the time model takes this rate instead of the efficiency curve: a curve fitted to square shapes
 // misses the thin ones a narrow model's layers give.
+// `ranks` > 1: the rate of one of that many ranks sharing the device (a CPU machine split among the
+// ranks of one job), each on its share of the cores while the others run theirs (`loom calibrate`
+// times it under `loom run -n ranks`); such entries describe the device only as shared that way
+// (rank_share), and the time model reads the ranks = 1 entries.
 struct MeasuredGemm {
   double M = 0, N = 0, K = 0, bytes = 2;
   double flops_per_s = 0;
+  int ranks = 1;
 };
 
 struct Hardware {
@@ -66,11 +71,23 @@ struct Hardware {
   int devices_per_node = 1;
   Link intra_node;
   Link inter_node;  // per device
+  // Collectives on buffers the transport must stage through its shared arena (plain memory: a step's
+  // activations under TP, CP, EP and between pipeline stages) where that differs from intra_node (whose
+  // figures are for registered buffers, as data parallelism's gradients are): `loom calibrate` on a
+  // CPU machine measures both. Bandwidth 0: as intra_node.
+  Link staged_intra_node;
+  const Link& intra_link(bool staged) const { return staged && staged_intra_node.bandwidth > 0 ? staged_intra_node : intra_node; }
   Efficiency efficiency;
   std::vector<MeasuredGemm> gemm_table;  // empty: the curve alone
 
   double peak(const std::string& precision) const;  // "f32" | "bf16" | "fp8"; throws ConfigError
 };
+
+// One of `ranks` ranks sharing a one-device machine (a CPU machine whose cores a job's ranks split):
+// its share of the peaks, of the memory bandwidth and of the memory; its GEMM table is the one timed
+// per rank at that many ranks where the file has one (MeasuredGemm::ranks), else the whole device's
+// rates shared out. The device itself for ranks <= 1, less the per-rank entries.
+Hardware rank_share(const Hardware& machine, int ranks);
 
 // A cluster: `count` devices of one kind.
 struct Cluster {

@@ -64,6 +64,10 @@ struct Software {
   // Memory as Loom's own engine holds it (engine_memory.h: f32 masters, its activation buffers, its
   // ZeRO units) instead of Megatron-LM's conventions; only layouts the engine runs (dp x ZeRO).
   bool loom_engine = false;
+  // Loom's engine reduces data-parallel gradients in buckets of this many bytes (parallel.bucket_kb;
+  // 0: one collective after backward), and ZeRO's per unit (the embeddings, each block, the final norm
+  // and head): one collective each, each paying the link's latency.
+  double dp_bucket_bytes = 4 << 20;
   // precision = "bf16-pure": weights and Adam moments held in bf16 only (no fp32 master): 2 + 4 bytes of
   // state per parameter instead of 2 + 12 (gradients stay fp32).
   bool bf16_weights_only = false;

@@ -16,7 +16,7 @@ double gemm_time(const GemmShape& g, const Hardware& hw, double peak, double byt
   if (g.M <= 0 || g.N <= 0 || g.K <= 0 || g.count <= 0) return 0;
   auto same = [](double a, double b) { return std::abs(a - b) < 0.5; };
   for (const auto& m : hw.gemm_table)
-    if (m.bytes == bytes_per_element && same(m.M, g.M) && same(m.N, g.N) && same(m.K, g.K))
+    if (m.ranks == 1 && m.bytes == bytes_per_element && same(m.M, g.M) && same(m.N, g.N) && same(m.K, g.K))
       return g.count * 2 * g.M * g.N * g.K / m.flops_per_s;
   const auto& e = hw.efficiency;
   auto fill = [&](double d) { return d / (d + e.gemm_half_dim); };
@@ -153,20 +153,22 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   const int dpn = hw.devices_per_node;
   // Loom's engine keeps activations in f32 in both precisions, so its TP collectives move 4 bytes.
   const double wire = sw.loom_engine ? 4 : act;
-  lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * wire, group(l.tp, 1, dpn), hw);
+  // Activations: staged by a shared-memory transport (Hardware::staged_intra_node), as CP's, EP's and
+  // the pipeline's transfers below.
+  lc.tp_comm = 2 * group_collective_time(Collective::AllReduce, n * h * wire, group(l.tp, 1, dpn), hw, true);
   // CP: each rank passes its K,V chunk around the ring (cp - 1 hops), overlapped with attention.
   // Loom's engine moves f32 buffers either way; in all-to-all mode (Ulysses) it sends Q, K, V to the head
   // shards and the output back (backward: [dO | O] there and dQ, dK, dV back), nothing overlapped.
   if (l.cp > 1 && sw.loom_engine && l.cp_all_to_all) {
     const GroupShape g = group(l.cp, l.tp, dpn);
     const double qkv = n * (q / t + 2 * kv_t) * 4 * l.cp, out = n * (q / t) * 4 * l.cp;  // all ranks' bytes
-    lc.cp_a2a_fwd = group_collective_time(Collective::AllToAll, qkv, g, hw) +
-                    group_collective_time(Collective::AllToAll, out, g, hw);
-    lc.cp_a2a_bwd = group_collective_time(Collective::AllToAll, 2 * out, g, hw) +
-                    group_collective_time(Collective::AllToAll, qkv, g, hw);
+    lc.cp_a2a_fwd = group_collective_time(Collective::AllToAll, qkv, g, hw, true) +
+                    group_collective_time(Collective::AllToAll, out, g, hw, true);
+    lc.cp_a2a_bwd = group_collective_time(Collective::AllToAll, 2 * out, g, hw, true) +
+                    group_collective_time(Collective::AllToAll, qkv, g, hw, true);
   } else if (l.cp > 1) {
     const double chunk = n * 2 * kv_t * (sw.loom_engine ? 4 : act);
-    const Link& link = dpn / l.tp >= l.cp ? hw.intra_node : hw.inter_node;
+    const Link& link = dpn / l.tp >= l.cp ? hw.intra_link(true) : hw.inter_node;
     lc.cp_comm = (l.cp - 1) * collective_time(Collective::SendRecv, chunk, 2, link, hw.efficiency.link);
   }
   // EP: dispatch and combine all-to-alls of the routed tokens, in the MoE blocks. Loom's engine sends
@@ -175,9 +177,9 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   if (l.ep > 1) {
     const GroupShape g = group(l.ep, l.tp * l.cp, dpn);
     const double rows = n * k * l.ep;
-    const double f32_rows = group_collective_time(Collective::AllToAll, rows * h * 4, g, hw);
-    lc.ep_comm = sw.loom_engine ? group_collective_time(Collective::AllToAll, rows * h * act, g, hw) + f32_rows
-                                : 2 * group_collective_time(Collective::AllToAll, rows * h * act / t, g, hw);
+    const double f32_rows = group_collective_time(Collective::AllToAll, rows * h * 4, g, hw, true);
+    lc.ep_comm = sw.loom_engine ? group_collective_time(Collective::AllToAll, rows * h * act, g, hw, true) + f32_rows
+                                : 2 * group_collective_time(Collective::AllToAll, rows * h * act / t, g, hw, true);
     lc.ep_comm_bwd = sw.loom_engine ? 2 * f32_rows : lc.ep_comm;
     lc.ep_comm *= moe_share, lc.ep_comm_bwd *= moe_share;
   }
@@ -265,11 +267,12 @@ StepTime step_time(const Layout& l, const Job& j) {
   double p2p = 0;
   if (l.pp > 1) {
     const bool inter = l.tp * l.cp * l.dp >= dpn;
-    const Link& link = inter ? hw.inter_node : hw.intra_node;
+    const Link& link = inter ? hw.inter_node : hw.intra_link(true);
     const double act = j.precision == "f32" ? 4 : 2;
     const double piece = n * h * act / l.tp;
     double hop = collective_time(Collective::SendRecv, piece, 2, link, hw.efficiency.link);
-    if (l.tp > 1 && !l.sp) hop += group_collective_time(Collective::AllGather, n * h * act, group(l.tp, 1, dpn), hw);
+    if (l.tp > 1 && !l.sp)
+      hop += group_collective_time(Collective::AllGather, n * h * act, group(l.tp, 1, dpn), hw, true);
     p2p = 2 * l.vpp * hop;
   }
   // Per micro-batch on the slowest stage. Megatron cuts the blocks evenly, so the last stage (it adds
@@ -314,7 +317,7 @@ StepTime step_time(const Layout& l, const Job& j) {
     const double kv_grad = 2 * static_cast<double>(c.head_dim()) * h * j.software.grad_bytes;
     const int replicas = l.tp / static_cast<int>(c.n_kv_heads);
     st.tp += layers * group_collective_time(Collective::AllReduce, kv_grad,
-                                            group(replicas, static_cast<int>(c.n_kv_heads), dpn), hw);
+                                            group(replicas, static_cast<int>(c.n_kv_heads), dpn), hw, true);
   }
   st.recompute = m * layers * rec;
   st.attention = m * layers * attn;
@@ -333,11 +336,27 @@ StepTime step_time(const Layout& l, const Job& j) {
   // Loom's engine reduces gradients (and shards ZeRO) over the data replicas dp x cp.
   const GroupShape dpg = j.software.loom_engine ? group(l.dp * l.cp, l.tp, dpn) : group(l.dp, l.tp * l.cp, dpn);
   const GroupShape edpg = group(std::max(1, l.dp / l.ep), l.tp * l.cp * l.ep, dpn);
+  // Loom's engine issues one collective per gradient bucket (DDP) or per ZeRO unit and kind, each paying
+  // the link's latency: negligible on NVLink, not on a CPU machine whose step's collectives wait ~0.3 ms
+  // each for a late peer (calibrated busy; ZeRO-1 on llama-mini measured 29-33 ms of exposed
+  // communication against 11-14 ms priced as one reduce-scatter and one gather).
+  const double units = layers + (l.pp == 1 ? 2 : 1);  // the blocks, plus the embeddings and / or the head
+  const bool f32_beside = j.precision != "f32" && !j.software.bf16_weights_only;  // norms, biases gathered in f32
+  auto latency = [&](Collective op, GroupShape g, double count) {
+    return j.software.loom_engine && count > 1 ? (count - 1) * group_collective_time(op, 0, g, hw) : 0.0;
+  };
   auto reduce = [&](double params, GroupShape g) {
     if (g.n <= 1) return 0.0;
-    if (l.zero == 0) return group_collective_time(Collective::AllReduce, params * j.software.grad_bytes, g, hw);
-    const double rs = group_collective_time(Collective::ReduceScatter, params * j.software.grad_bytes, g, hw);
-    const double ag = group_collective_time(Collective::AllGather, params * 2, g, hw);  // updated bf16 weights
+    const double grads = params * j.software.grad_bytes;
+    if (l.zero == 0) {
+      const double buckets = j.software.dp_bucket_bytes > 0 ? std::ceil(grads / j.software.dp_bucket_bytes) : 1;
+      return group_collective_time(Collective::AllReduce, grads, g, hw) + latency(Collective::AllReduce, g, buckets);
+    }
+    const double rs = group_collective_time(Collective::ReduceScatter, grads, g, hw) +
+                      latency(Collective::ReduceScatter, g, units);
+    double ag = group_collective_time(Collective::AllGather, params * 2, g, hw) +  // updated bf16 weights
+                latency(Collective::AllGather, g, units);
+    if (j.software.loom_engine && f32_beside) ag += units * group_collective_time(Collective::AllGather, 0, g, hw);
     return (l.zero >= 2 ? m * rs : rs) + ag;
   };
   double dp = reduce(sp.dense, dpg) + reduce(sp.expert, edpg);
@@ -347,7 +366,9 @@ StepTime step_time(const Layout& l, const Job& j) {
   double hidden = m * layers * hidden_block + (dp - st.dp);
   // ZeRO-3: weights gathered for every micro-batch's forward and backward, prefetched a layer ahead.
   if (l.zero == 3) {
-    const double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw);
+    double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw) +
+                    latency(Collective::AllGather, dpg, units);  // per unit, as each block is needed
+    if (j.software.loom_engine && f32_beside) gather += units * group_collective_time(Collective::AllGather, 0, dpg, hw);
     st.zero = hides ? m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers) : m * 2 * gather;
     if (hides) hidden += m * std::max(0.0, std::min(2 * gather, per_mb) - 2 * gather / layers);  // 2 gather - exposed
   }

@@ -1,0 +1,70 @@
+// A model's layer GEMMs timed as a training step runs them, for `loom calibrate --model` (the whole
+// machine) and `loom bench gemm` (one copy per rank under `loom run`: each rank's share of it while the
+// others run theirs).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/core/allocator.h"
+#include "loom/core/dtype.h"
+#include "loom/kernels/gemm.h"
+#include "loom/plan/hardware.h"
+
+namespace loom::cli {
+
+// Times one call with the core caches evicted first (16 MiB written, untimed): a training step calls
+// each kernel after others have filled the caches with their own data.
+class ColdCaches {
+ public:
+  template <class Kernel>
+  double time(Kernel&& kernel) {
+    for (size_t i = 0; i < evict_.size(); i += 16) evict_[i] += 1.0f;
+    const auto t0 = std::chrono::steady_clock::now();
+    kernel();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  std::vector<float> evict_ = std::vector<float>(size_t{4} << 20);
+};
+
+// One GEMM shape's operands, filled with small non-zero values near 1 (as the peak probe: zeros or
+// denormals could take unrepresentative paths), and the call that runs it.
+struct GemmOperands {
+  kernels::GemmDesc d;
+  Buffer a, b, c;
+  GemmOperands(int64_t M, int64_t N, int64_t K, DType dtype, Allocator& alloc);
+  void run(Allocator& alloc);
+  double flops() const { return 2.0 * double(d.M) * double(d.N) * double(d.K); }
+};
+
+// A layer GEMM as a training step runs it: the forward [M, N, K] and its backward dX [M, K, N] and dW
+// [K, N, M], each called with the core caches evicted.
+struct LayerGemm {
+  int64_t M = 0, N = 0, K = 0;
+  DType dtype = DType::BF16;
+  std::unique_ptr<GemmOperands> fwd, dx, dw;  // kept between rounds while they fit (time_layer_gemms)
+  std::vector<double> times;                  // seconds of one fwd + dX + dW, one per round
+
+  size_t bytes() const;
+  // One fwd + dX + dW, timed cold; operands built now (untimed) unless kept from the last round.
+  double run_once(ColdCaches& cold, bool keep, Allocator& alloc);
+};
+
+// The layer GEMMs of the model in `config` (a `loom train` config) at the shapes its layouts run on
+// this machine: rows = the tokens of one micro-batch (the batch, a half and a quarter of it as dp = 2
+// and 4 or pipeline micro-batches give, and the configured micro-batch), columns split by tp in {1, 2}
+// where tp divides the heads, KV heads and FFN width; the LM head too. A mixture of experts adds its
+// experts' GEMMs (at the rows each expert sees) and its shared experts'.
+std::vector<LayerGemm> model_layer_gemms(const std::string& config);
+
+// Times every shape by the median over rounds, each round visiting every shape once (the first round
+// creates the primitives and is not counted), until `budget` seconds per shape have passed (at least 5
+// counted rounds). The rates are those of this process's threads.
+std::vector<plan::MeasuredGemm> time_layer_gemms(std::vector<LayerGemm>& shapes, double budget, Allocator& alloc);
+
+}  // namespace loom::cli
