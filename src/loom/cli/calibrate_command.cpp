@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 

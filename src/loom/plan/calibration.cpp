@@ -212,7 +212,7 @@ std::string calibration_to_toml(const Calibration &c) {
         "Measured: Loom's collectives between ranks on this machine ({}), on registered buffers\n"
         "(data parallelism's gradients); staged_intra_node: the same on plain buffers, which the transport\n"
         "stages (the activations of TP, CP, EP and pipeline transfers). Fitted to the alpha-beta model of\n"
-        "collective_cost.h (shared_memory: one step per phase): latency from the smallest messages,\n"
+        "collective_cost.h (shared_memory: one step per phase): latency from the messages up to 4 KiB (median),\n"
         "bandwidth = bus bandwidth of the largest (rms log error {:.3f} over every sample in [calibration]).",
         c.collective_busy_ms > 0
             ? fmt::format("as a step issues them: `loom bench comm --busy-ms {:g}`, each op alone after {:g} ms of\n"

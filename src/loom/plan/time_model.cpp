@@ -341,9 +341,14 @@ StepTime step_time(const Layout& l, const Job& j) {
   // each for a late peer (calibrated busy; ZeRO-1 on llama-mini measured 29-33 ms of exposed
   // communication against 11-14 ms priced as one reduce-scatter and one gather).
   const double units = layers + (l.pp == 1 ? 2 : 1);  // the blocks, plus the embeddings and / or the head
-  const bool f32_beside = j.precision != "f32" && !j.software.bf16_weights_only;  // norms, biases gathered in f32
   auto latency = [&](Collective op, GroupShape g, double count) {
     return j.software.loom_engine && count > 1 ? (count - 1) * group_collective_time(op, 0, g, hw) : 0.0;
+  };
+  // In bf16 (with f32 masters) the engine gathers each unit's f32-read elements (norms, biases) in a
+  // collective of their own beside the bf16 copies: one more latency per unit.
+  const bool f32_beside = j.software.loom_engine && j.precision != "f32" && !j.software.bf16_weights_only;
+  auto f32_gathers = [&](GroupShape g) {
+    return f32_beside ? units * group_collective_time(Collective::AllGather, 0, g, hw) : 0.0;
   };
   auto reduce = [&](double params, GroupShape g) {
     if (g.n <= 1) return 0.0;
@@ -354,9 +359,8 @@ StepTime step_time(const Layout& l, const Job& j) {
     }
     const double rs = group_collective_time(Collective::ReduceScatter, grads, g, hw) +
                       latency(Collective::ReduceScatter, g, units);
-    double ag = group_collective_time(Collective::AllGather, params * 2, g, hw) +  // updated bf16 weights
-                latency(Collective::AllGather, g, units);
-    if (j.software.loom_engine && f32_beside) ag += units * group_collective_time(Collective::AllGather, 0, g, hw);
+    const double ag = group_collective_time(Collective::AllGather, params * 2, g, hw) +  // updated bf16 weights
+                      latency(Collective::AllGather, g, units) + f32_gathers(g);
     return (l.zero >= 2 ? m * rs : rs) + ag;
   };
   double dp = reduce(sp.dense, dpg) + reduce(sp.expert, edpg);
@@ -368,7 +372,7 @@ StepTime step_time(const Layout& l, const Job& j) {
   if (l.zero == 3) {
     double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw) +
                     latency(Collective::AllGather, dpg, units);  // per unit, as each block is needed
-    if (j.software.loom_engine && f32_beside) gather += units * group_collective_time(Collective::AllGather, 0, dpg, hw);
+    gather += f32_gathers(dpg);
     st.zero = hides ? m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers) : m * 2 * gather;
     if (hides) hidden += m * std::max(0.0, std::min(2 * gather, per_mb) - 2 * gather / layers);  // 2 gather - exposed
   }
