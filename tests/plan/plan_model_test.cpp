@@ -58,6 +58,12 @@ TEST(ModelZoo, LargeModelsHaveTheirPublishedSizes) {
   EXPECT_NEAR(count_params(plan_model("mixtral-8x7b")).active * 1e-9, 12.9, 0.1);
   EXPECT_NEAR(billions("megatron-145b"), 145.6, 0.5);
   EXPECT_NEAR(billions("megatron-1t"), 1008.0, 2.0);
+  // MPT: llm-foundry's benchmark tables list NumParams with an 8192-row position table (their
+  // seq 8192 rows); the zoo keeps that table.
+  EXPECT_EQ(count_params(plan_model("mpt-760m")).total, 769907712);
+  EXPECT_EQ(count_params(plan_model("mpt-1b")).total, 1328533504);
+  EXPECT_EQ(count_params(plan_model("mpt-3b")).total, 2667566080);
+  EXPECT_EQ(count_params(plan_model("mpt-7b")).total, 6684024832);
 }
 
 TEST(ModelZoo, UnknownModelIsAOneLineConfigError) {
@@ -261,6 +267,36 @@ TEST(TimeModel, OverlappedCommunicationSlowsTheComputeUnderIt) {
   j.cluster.hw.efficiency.overlap_slowdown = 0.4;
   EXPECT_GT(a, 0);
   EXPECT_NEAR(step_time(z3, j).overlap, 2 * a, 1e-9 * a);
+}
+
+// ZeRO-3 keeps no full copy of the weights: unlike ZeRO-1/2 it gathers no updated weights after the
+// step (it gathers each unit as the next step uses it, priced in `zero`). With nothing hidden, ZeRO-1
+// pays one reduce-scatter and the after-step gather, ZeRO-2 a reduce-scatter per micro-batch and the
+// gather, ZeRO-3 the reduce-scatters alone.
+TEST(TimeModel, ZeroThreeReduceScattersEveryMicroBatchAndGathersNothingAfterTheStep) {
+  Job j = megatron_job("llama3-8b", 16, 64);
+  j.software.comm_on_compute_cores = true;  // every collective exposed
+  Layout l{.dp = 16, .micro_batch = 1, .zero = 1, .recompute = Recompute::Full};
+  const double m = static_cast<double>(micro_batches(l, j));
+  ASSERT_GT(m, 1);
+  const double z1 = step_time(l, j).dp;
+  l.zero = 2;
+  const double z2 = step_time(l, j).dp;
+  const double rs = (z2 - z1) / (m - 1), gather_after = z1 - rs;
+  ASSERT_GT(rs, 0);
+  ASSERT_GT(gather_after, 0);
+  l.zero = 3;
+  const StepTime z3 = step_time(l, j);
+  EXPECT_NEAR(z3.dp, m * rs, 1e-9 * z3.dp);
+  EXPECT_GT(z3.zero, 0);  // its own gathers, forward and backward of every micro-batch
+  // Hidden (a GPU's own communication engine): the backward's gathers and reduce-scatters share one
+  // link and the backward's time; the forward hides only its gathers. A slower link exposes more.
+  j.software.comm_on_compute_cores = false;
+  const StepTime fast = step_time(l, j);
+  j.cluster.hw.inter_node.bandwidth /= 20;
+  const StepTime slow = step_time(l, j);
+  EXPECT_GT(slow.zero + slow.dp, fast.zero + fast.dp);
+  EXPECT_LE(fast.zero + fast.dp, z3.zero + z3.dp);
 }
 
 TEST(CollectiveCost, AlphaBetaWithNcclTestsBusBandwidthFactors) {

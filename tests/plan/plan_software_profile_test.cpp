@@ -40,6 +40,11 @@ TEST(SoftwareProfile, NamedProfilesFixTheirAssumptions) {
   EXPECT_EQ(neuron.max_zero, 1);
   EXPECT_TRUE(loom.loom_engine);
   for (const auto& name : software_profile_names()) EXPECT_EQ(software_profile(name).profile, name);
+  // Only the PyTorch FSDP stacks run slower per FLOP without recompute (fitted; the Validation tests
+  // check the shipped value is the fit), and the prediction says so.
+  for (const auto& name : software_profile_names())
+    EXPECT_EQ(software_profile(name).no_recompute_slowdown > 0, name == "pytorch-fsdp") << name;
+  EXPECT_NE(describe(software_profile("pytorch-fsdp")).find("% slower without recompute"), std::string::npos);
   EXPECT_EQ(describe(ds), "deepspeed (flash attention, DP overlapped, TP exposed, SP never, ZeRO up to 3, recompute "
                           "searched, gradients reduced in 2 bytes, fp8 delayed)");
   EXPECT_NE(error_of([] { software_profile("fairseq"); }).find("software profile 'fairseq' is not known (valid: megatron, "),
@@ -62,6 +67,12 @@ fp8_recipe = "current"
   EXPECT_EQ(s.fp8_recipe, "current");
   auto err = [](const std::string& text) { return error_of([&] { parse_software_profile(text, "p.toml"); }); };
   EXPECT_EQ(err("[software]\nflash = true\n"), "p.toml: software.flash is not a software profile key");
+  EXPECT_EQ(parse_software_profile("[software]\nbase = \"pytorch-fsdp\"\nno_recompute_slowdown = 0.05\n", "f.toml")
+                .no_recompute_slowdown,
+            0.05);
+  EXPECT_EQ(err("[software]\nno_recompute_slowdown = 2\n"),
+            "p.toml: software.no_recompute_slowdown must be a number in [0, 1] (the fraction by which a run without "
+            "activation recompute runs slower than its kernels' sum)");
   EXPECT_EQ(err("[software]\ngrad_bytes = 3\n"), "p.toml: software.grad_bytes must be 2 (16-bit gradient reduction) or 4 (fp32)");
   EXPECT_EQ(err("[software]\nrecompute = \"some\"\n"),
             "p.toml: software.recompute = \"some\" is not \"search\", \"none\", \"selective\" or \"full\"");

@@ -75,6 +75,9 @@ const std::map<std::string, std::function<PlanModel()>>& zoo() {
                                              "Touvron et al. 2023 (Llama 2) Table 1; meta-llama/Llama-2-70b config.json"); }},
       // MosaicML MPT (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): GPT-style blocks with ALiBi (no
       // position table, so any sequence length), no biases, FFN 4x, tied embeddings, vocab 50,368.
+      {"mpt-760m", [] { return mpt("mpt-760m", 24, 1536, 12); }},
+      {"mpt-1b", [] { return mpt("mpt-1b", 24, 2048, 16); }},
+      {"mpt-3b", [] { return mpt("mpt-3b", 32, 2560, 20); }},
       {"mpt-7b", [] { return mpt("mpt-7b", 32, 4096, 32); }},
       {"mpt-13b", [] { return mpt("mpt-13b", 40, 5120, 40); }},
       {"mpt-30b", [] { return mpt("mpt-30b", 48, 7168, 56); }},

@@ -31,6 +31,7 @@ Software named(const std::string& name) {
   }
   if (name == "pytorch-fsdp") {  // PyTorch FSDP stacks (Composer/llm-foundry, fms-fsdp): SDPA, no TP/SP
     s.sequence_parallel = false;
+    s.no_recompute_slowdown = 0.18;  // in-sample fit (`loom plan --validate`, docs/planner.md)
     return s;
   }
   if (name == "neuron") {  // NeuronX Distributed's ZeRO-1 optimizer; no ZeRO-2/3
@@ -99,13 +100,20 @@ Software parse_software_profile(const std::string& text, const std::string& orig
     s.recompute = spec::parse_recompute(recompute);
   else
     fail("recompute", "= \"" + recompute + "\" is not \"search\", \"none\", \"selective\" or \"full\"");
+  if (const toml::node* n = t->get("no_recompute_slowdown")) {
+    const auto v = n->value<double>();
+    if (!v || !(*v >= 0 && *v <= 1))
+      fail("no_recompute_slowdown", "must be a number in [0, 1] (the fraction by which a run without activation recompute "
+                                    "runs slower than its kernels' sum)");
+    s.no_recompute_slowdown = *v;
+  }
   s.fp8_recipe = string("fp8_recipe", s.fp8_recipe);
   if (s.fp8_recipe != "delayed" && s.fp8_recipe != "current" && s.fp8_recipe != "blockwise")
     fail("fp8_recipe", "= \"" + s.fp8_recipe + "\" is not \"delayed\", \"current\" or \"blockwise\"");
   for (const auto& [key, value] : *t) {
     static const char* const known[] = {"base", "name", "flash_attention", "dropout", "dp_overlap", "tp_overlap",
                                         "sequence_parallel", "zero_bubble", "max_zero", "grad_bytes", "recompute",
-                                        "fp8_recipe"};
+                                        "fp8_recipe", "no_recompute_slowdown"};
     if (std::find(std::begin(known), std::end(known), key.str()) == std::end(known))
       fail(std::string(key.str()), "is not a software profile key");
   }
@@ -123,13 +131,16 @@ Software software_profile(const std::string& name_or_file) {
 
 std::string describe(const Software& s) {
   return fmt::format("{} ({} attention{}, DP {}, TP {}, SP {}, ZeRO up to {}, recompute {}, gradients reduced in {} bytes, "
-                     "fp8 {}{}{}{})",
+                     "fp8 {}{}{}{}{})",
                      s.profile, s.flash_attention ? "flash" : "materialised", s.dropout ? " with dropout" : "",
                      s.dp_overlap ? "overlapped" : "exposed", s.tp_overlap ? "overlapped (with SP)" : "exposed",
                      s.sequence_parallel ? "searched" : "never", s.max_zero,
                      s.recompute ? std::string(recompute_name(*s.recompute)) : "searched", s.grad_bytes, s.fp8_recipe,
                      s.zero_bubble ? ", zero-bubble pipeline" : "", s.loom_engine ? ", Loom's engine memory" : "",
-                     s.comm_on_compute_cores ? ", collectives on the compute cores (never hidden)" : "");
+                     s.comm_on_compute_cores ? ", collectives on the compute cores (never hidden)" : "",
+                     s.no_recompute_slowdown > 0
+                         ? fmt::format(", {:.0f}% slower without recompute", 100 * s.no_recompute_slowdown)
+                         : "");
 }
 
 }  // namespace loom::plan

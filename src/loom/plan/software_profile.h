@@ -21,7 +21,11 @@
 // A custom profile is a TOML file with a [software] table: `base` (a named profile to start from) and
 // any of name, flash_attention, dropout, dp_overlap, tp_overlap, sequence_parallel (booleans),
 // max_zero (0-3), grad_bytes (2 or 4), recompute ("search", "none", "selective", "full"), fp8_recipe ("delayed",
-// "current", "blockwise").
+// "current", "blockwise"), no_recompute_slowdown (0-1).
+//
+//   pytorch-fsdp   PyTorch FSDP stacks (Composer / llm-foundry, fms-fsdp): flash (SDPA) attention, no TP
+//                  or SP, fp32 gradient reduction, overlapped; runs without activation recompute 18%
+//                  slower than their kernels' sum (fitted, Software::no_recompute_slowdown).
 #pragma once
 
 #include <string>

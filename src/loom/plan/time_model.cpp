@@ -259,6 +259,11 @@ StepTime step_time(const Layout& l, const Job& j) {
     if (l.recompute == Recompute::Selective) rec = lc.attn_core + eb.recompute_block / bw;
   }
   const double head_flops = 3 * 2 * n * V / l.tp * h;
+  // Stacks that run slower per FLOP without activation recompute (Software::no_recompute_slowdown).
+  if (l.recompute == Recompute::None && j.software.no_recompute_slowdown > 0) {
+    const double slower = 1 + j.software.no_recompute_slowdown;
+    comp *= slower, mem *= slower, attn *= slower;
+  }
 
   // Pipeline p2p: each micro-batch crosses every chunk boundary forward and backward; Megatron's
   // scatter-gather sends 1/tp of the activation per TP rank, and the receiver then all-gathers the tp
@@ -359,22 +364,42 @@ StepTime step_time(const Layout& l, const Job& j) {
     }
     const double rs = group_collective_time(Collective::ReduceScatter, grads, g, hw) +
                       latency(Collective::ReduceScatter, g, units);
+    // ZeRO-3 keeps no full copy: the next step gathers each unit as it is used (priced below).
+    if (l.zero == 3) return m * rs;
     const double ag = group_collective_time(Collective::AllGather, params * 2, g, hw) +  // updated bf16 weights
                       latency(Collective::AllGather, g, units) + f32_gathers(g);
     return (l.zero >= 2 ? m * rs : rs) + ag;
   };
   double dp = reduce(sp.dense, dpg) + reduce(sp.expert, edpg);
   const bool hides = !j.software.comm_on_compute_cores;
-  const double window = j.software.dp_overlap && hides ? (layers * 2 * (lc.gemm + lc.memory + lc.attn_core)) : 0;
+  const double fwd = layers * (lc.gemm + lc.memory + lc.attn_core);  // one micro-batch's forward on the stage
+  const double window = j.software.dp_overlap && hides ? 2 * fwd : 0;
   st.dp = std::max(0.0, dp - (l.zero >= 2 ? m * window : window));
-  double hidden = m * layers * hidden_block + (dp - st.dp);
-  // ZeRO-3: weights gathered for every micro-batch's forward and backward, prefetched a layer ahead.
+  double hidden = m * layers * hidden_block;
+  // ZeRO-3: weights gathered for every micro-batch's forward and backward, prefetched a unit ahead, and
+  // the gradients reduce-scattered as each unit's backward ends. One link carries them all: the
+  // forward's gathers run under the forward, and the backward's gathers share the backward (recomputed
+  // forward included) with the reduce-scatters. The first unit of each pass has nothing to hide behind.
   if (l.zero == 3) {
     double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw) +
                     latency(Collective::AllGather, dpg, units);  // per unit, as each block is needed
     gather += f32_gathers(dpg);
-    st.zero = hides ? m * (std::max(0.0, 2 * gather - per_mb) + 2 * gather / layers) : m * 2 * gather;
-    if (hides) hidden += m * std::max(0.0, std::min(2 * gather, per_mb) - 2 * gather / layers);  // 2 gather - exposed
+    const double rs = dp / m;  // this micro-batch's reduce-scatters
+    if (hides) {
+      const double bwd = std::max(0.0, per_mb - fwd);
+      const double edge = 2 * gather / layers;
+      const double gathers_exposed = std::max(0.0, gather - fwd) + std::max(0.0, gather - bwd);
+      const double overlapped_rs = j.software.dp_overlap ? rs : 0;
+      const double rs_exposed = rs - overlapped_rs + std::max(0.0, gather + overlapped_rs - bwd) - std::max(0.0, gather - bwd);
+      st.zero = m * (gathers_exposed + edge);
+      st.dp = m * rs_exposed;
+      hidden += m * std::max(0.0, 2 * gather + overlapped_rs - gathers_exposed - edge - (rs_exposed - (rs - overlapped_rs)));
+    } else {
+      st.zero = m * 2 * gather;
+      st.dp = dp;
+    }
+  } else {
+    hidden += dp - st.dp;
   }
   // Overlapped communication is not free: the compute under it runs slower by the device's
   // overlap_slowdown (on GPUs, collective kernels take SMs and memory bandwidth from the GEMMs).

@@ -68,6 +68,15 @@ struct FamilyFit {
   double in_sample_mean = 0;  // with the fitted scale
 };
 
+// A software profile's no_recompute_slowdown fitted to its in-sample rows only (what the profile should
+// ship), for the profiles with an in-sample row the knob moves.
+struct ProfileFit {
+  std::string software;
+  int in_sample_rows = 0;
+  double shipped = 0, fitted = 0;
+  double shipped_mean = 0, fitted_mean = 0;  // the rows' mean throughput error with each
+};
+
 struct ValidationReport {
   std::vector<ValidationLine> lines;
   double constant_utilisation = 0;  // fitted hardware-FLOP utilisation of the constant predictor
@@ -79,6 +88,7 @@ struct ValidationReport {
   // By set, with the shipped constants: "in-sample" and "held-out" (absent when a file has no such rows).
   std::map<std::string, SetErrors> sets;
   std::vector<FamilyFit> families;
+  std::vector<ProfileFit> profiles;
   // Rows whose published layout ran though the memory model says it does not fit (a memory-model miss;
   // their time is still predicted).
   std::vector<std::string> over_memory;
