@@ -44,7 +44,7 @@ TEST(SoftwareProfile, NamedProfilesFixTheirAssumptions) {
   // check the shipped value is the fit), and the prediction says so.
   for (const auto& name : software_profile_names())
     EXPECT_EQ(software_profile(name).no_recompute_slowdown > 0, name == "pytorch-fsdp") << name;
-  EXPECT_NE(describe(software_profile("pytorch-fsdp")).find("% slower without recompute"), std::string::npos);
+  EXPECT_NE(describe(software_profile("pytorch-fsdp")).find("% slower without full recompute"), std::string::npos);
   EXPECT_EQ(describe(ds), "deepspeed (flash attention, DP overlapped, TP exposed, SP never, ZeRO up to 3, recompute "
                           "searched, gradients reduced in 2 bytes, fp8 delayed)");
   EXPECT_NE(error_of([] { software_profile("fairseq"); }).find("software profile 'fairseq' is not known (valid: megatron, "),

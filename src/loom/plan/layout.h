@@ -76,12 +76,13 @@ struct Software {
   // layouts with that many chunks are then searched. Empty: an even split (Megatron), or balanced by
   // cost as the engine cuts.
   std::vector<int64_t> pipeline_layers;
-  // Without activation recompute, every pass of a micro-batch runs this fraction slower than its
-  // kernels' sum. PyTorch FSDP stacks (eager autograd holding every op's saved tensors in the caching
-  // allocator) publish MFU without checkpointing at or below their MFU with it (MosaicML's sweep:
-  // 13B on A100, 59.6% without, 59.5% with), which a full recompute's extra forward cannot give unless
-  // the run without it is slower per FLOP. Fitted per profile on the in-sample rows (`--validate`
-  // prints the fit); 0 for the Megatron-family stacks, whose rows do not call for it.
+  // Without full activation recompute (none or selective), every pass of a micro-batch through the
+  // blocks runs this fraction slower than its kernels' sum. PyTorch FSDP stacks (eager autograd
+  // holding every op's saved tensors in the caching allocator) publish MFU without checkpointing at or
+  // below their MFU with it (MosaicML's sweep: 13B on A100, 59.6% without, 59.5% with), which a full
+  // recompute's extra forward cannot give unless the run without it is slower per FLOP. Fitted per
+  // profile on the in-sample rows (`--validate` prints the fit); 0 for the Megatron-family stacks,
+  // whose rows do not call for it.
   double no_recompute_slowdown = 0;
 };
 

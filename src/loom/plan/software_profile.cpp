@@ -139,7 +139,7 @@ std::string describe(const Software& s) {
                      s.zero_bubble ? ", zero-bubble pipeline" : "", s.loom_engine ? ", Loom's engine memory" : "",
                      s.comm_on_compute_cores ? ", collectives on the compute cores (never hidden)" : "",
                      s.no_recompute_slowdown > 0
-                         ? fmt::format(", {:.0f}% slower without recompute", 100 * s.no_recompute_slowdown)
+                         ? fmt::format(", {:.0f}% slower without full recompute", 100 * s.no_recompute_slowdown)
                          : "");
 }
 

@@ -24,8 +24,8 @@
 // "current", "blockwise"), no_recompute_slowdown (0-1).
 //
 //   pytorch-fsdp   PyTorch FSDP stacks (Composer / llm-foundry, fms-fsdp): flash (SDPA) attention, no TP
-//                  or SP, fp32 gradient reduction, overlapped; runs without activation recompute 18%
-//                  slower than their kernels' sum (fitted, Software::no_recompute_slowdown).
+//                  or SP, fp32 gradient reduction, overlapped; runs without full activation recompute
+//                  18% slower than their kernels' sum (fitted, Software::no_recompute_slowdown).
 #pragma once
 
 #include <string>

@@ -259,8 +259,10 @@ StepTime step_time(const Layout& l, const Job& j) {
     if (l.recompute == Recompute::Selective) rec = lc.attn_core + eb.recompute_block / bw;
   }
   const double head_flops = 3 * 2 * n * V / l.tp * h;
-  // Stacks that run slower per FLOP without activation recompute (Software::no_recompute_slowdown).
-  if (l.recompute == Recompute::None && j.software.no_recompute_slowdown > 0) {
+  // Stacks that run slower per FLOP without full activation recompute (Software::no_recompute_slowdown).
+  // Selective too: it keeps every activation but the attention core's, which flash attention does not
+  // store anyway, so a stack's selective run holds what its run without recompute holds.
+  if (l.recompute != Recompute::Full && j.software.no_recompute_slowdown > 0) {
     const double slower = 1 + j.software.no_recompute_slowdown;
     comp *= slower, mem *= slower, attn *= slower;
   }
