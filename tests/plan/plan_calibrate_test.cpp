@@ -78,9 +78,11 @@ TEST(Calibrate, QuickRunWritesAHardwareFileThatPlansAccept) {
   // The link is Loom's own collectives between two ranks of this machine.
   EXPECT_NE(text.find("Measured: Loom's collectives"), std::string::npos) << text;
   EXPECT_NE(text.find("collective_us = ["), std::string::npos);
-  EXPECT_GT(hw.intra_node.bandwidth, 1e8);  // shared memory moves more than 100 MB/s
+  // Plausibility only: ctest runs this beside other tests on a 2-core machine, where the two ranks
+  // share the cores with them (shared memory measured 91 MB/s with four such runs at once).
+  EXPECT_GT(hw.intra_node.bandwidth, 1e7);
   EXPECT_GT(hw.intra_node.latency, 0);
-  EXPECT_LT(hw.intra_node.latency, 1e-3);
+  EXPECT_LT(hw.intra_node.latency, 1e-2);
   EXPECT_EQ(hw.efficiency.link, 1.0);
   EXPECT_NE(text.find("[calibration]"), std::string::npos);
   auto p = test::run_loom("plan --model tiny --cluster " + file.string() +

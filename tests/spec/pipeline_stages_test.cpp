@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "loom/error.h"
@@ -13,6 +14,32 @@ namespace loom::spec {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Stacks cut blocks that pp x v does not divide with the lighter chunks at the two ends.
+TEST(PipelineStages, TrimmedEndsAreAsEvenAsPossibleWithTheLightChunksOutermost) {
+  std::vector<int64_t> llama405{7};
+  for (int i = 0; i < 14; ++i) llama405.push_back(8);
+  llama405.push_back(7);
+  EXPECT_EQ(trimmed_ends(126, 16), llama405);
+  EXPECT_EQ(trimmed_ends(126, 5), (std::vector<int64_t>{25, 25, 26, 25, 25}));
+  EXPECT_EQ(trimmed_ends(10, 4), (std::vector<int64_t>{2, 3, 3, 2}));
+  EXPECT_EQ(trimmed_ends(12, 4), (std::vector<int64_t>{3, 3, 3, 3}));
+  EXPECT_EQ(trimmed_ends(3, 3), (std::vector<int64_t>{1, 1, 1}));
+  for (int64_t L : {7, 31, 126})
+    for (int K = 1; K <= L; K += 3) {
+      const auto cut = trimmed_ends(L, K);
+      ASSERT_EQ(static_cast<int>(cut.size()), K);
+      EXPECT_EQ(std::accumulate(cut.begin(), cut.end(), int64_t{0}), L);
+      EXPECT_LE(*std::max_element(cut.begin(), cut.end()) - *std::min_element(cut.begin(), cut.end()), 1);
+      EXPECT_EQ(cut.front(), *std::min_element(cut.begin(), cut.end()));
+    }
+  try {
+    trimmed_ends(3, 4);
+    ADD_FAILURE() << "4 chunks of 3 blocks";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("3 blocks cannot be cut into 4 pipeline chunks"));
+  }
+}
 
 TEST(PipelineStages, DefaultSplitCoversEveryBlockAndBalancesTheCost) {
   for (const char* name : {"tiny", "mini", "gpt2-124m", "llama-mini"})

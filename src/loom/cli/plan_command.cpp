@@ -2,6 +2,7 @@
 // (or JSON), walk through the best one (--explain), show what each hardware figure is worth
 // (--sensitivity), or check the cost model against published results (--validate FILE).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <unistd.h>
@@ -73,8 +74,11 @@ void explain(const plan::Candidate& c, const plan::Job& j) {
   const auto& cfg = j.model.cfg;
   fmt::print("\nbest layout: {} (schedule {}, recompute {})\n", c.layout.str(), plan::schedule_name(c.layout.schedule),
              plan::recompute_name(c.layout.recompute));
-  fmt::print("  micro-batches per step {} of {} sequences; {} layers per stage\n", plan::micro_batches(c.layout, j),
-             c.layout.micro_batch, cfg.n_layers / c.layout.pp);
+  const std::vector<int64_t> cut = plan::pipeline_cut(c.layout, j);
+  std::string per_stage = fmt::format("{} layers per stage", cfg.n_layers / c.layout.pp);
+  if (!cut.empty()) per_stage = fmt::format("blocks per pipeline chunk {}", fmt::join(cut, ","));
+  fmt::print("  micro-batches per step {} of {} sequences; {}\n", plan::micro_batches(c.layout, j), c.layout.micro_batch,
+             per_stage);
   fmt::print("  memory/device {:.2f} GiB of {:.2f} usable ({:.0f}% margin kept): weights {:.2f}, grads {:.2f}, "
              "optimizer {:.2f}, activations {:.2f}, logits {:.2f}, comm buffers {:.2f}\n",
              m.total / GiB, m.usable / GiB, 100 * j.memory_margin, m.weights / GiB, m.grads / GiB, m.optimizer / GiB,

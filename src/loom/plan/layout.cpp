@@ -70,6 +70,13 @@ void check_job(const Job& j) {
     throw ConfigError(fmt::format("memory margin {} must lie in [0, 1)", j.memory_margin));
 }
 
+std::vector<int64_t> pipeline_cut(const Layout& l, const Job& j) {
+  if (!j.software.pipeline_layers.empty()) return j.software.pipeline_layers;
+  const int64_t chunks = int64_t(l.pp) * l.vpp, blocks = j.model.cfg.n_layers;
+  if (l.pp == 1 || j.software.loom_engine || blocks % chunks == 0 || blocks < chunks) return {};
+  return spec::trimmed_ends(blocks, static_cast<int>(chunks));
+}
+
 Verdict check_layout(const Layout& l, const Job& j) {
   const auto& c = j.model.cfg;
   auto div = [](std::string why) { return Verdict{Reject::Divisibility, std::move(why)}; };
@@ -88,7 +95,8 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (!cut.empty()) {
     if (static_cast<int64_t>(cut.size()) != int64_t(l.pp) * l.vpp || l.pp == 1)
       return div(fmt::format("--pipeline-layers gives {} chunks, not pp * vpp = {}", cut.size(), l.pp * l.vpp));
-  } else if (c.n_layers % (int64_t(l.pp) * l.vpp)) {
+  } else if (c.n_layers % (int64_t(l.pp) * l.vpp) && (j.software.loom_engine || c.n_layers < int64_t(l.pp) * l.vpp)) {
+    // (Megatron-family profiles cut the rest with the ends trimmed: pipeline_cut.)
     return div(fmt::format("pp * vpp = {} does not divide {} layers", l.pp * l.vpp, c.n_layers));
   }
   if (l.vpp > 1 && (l.pp == 1 || l.schedule != Schedule::Interleaved))

@@ -110,6 +110,11 @@ struct Verdict {
 // seq by cp, experts by ep, devices = dp*tp*pp*cp, global batch by dp * micro_batch, ...
 Verdict check_layout(const Layout& l, const Job& job);
 
+// The blocks per pipeline chunk the layout runs: the job's explicit cut (--pipeline-layers), or, when
+// pp x vpp does not divide the blocks, the ends trimmed (spec::trimmed_ends: the Megatron-family
+// profiles; Loom's engine balances by cost); empty for an even split.
+std::vector<int64_t> pipeline_cut(const Layout& l, const Job& job);
+
 // Micro-batches per step per pipeline.
 inline int64_t micro_batches(const Layout& l, const Job& j) { return j.global_batch / (int64_t(l.dp) * l.micro_batch); }
 

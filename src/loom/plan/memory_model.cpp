@@ -58,7 +58,7 @@ double in_flight_micro_batches(const Layout& l, const Job& j) {
 }
 
 double stage_layers(const Layout& l, const Job& j, int stage) {
-  const auto& cut = j.software.pipeline_layers;
+  const std::vector<int64_t> cut = pipeline_cut(l, j);
   if (cut.empty() || l.pp == 1) return static_cast<double>(j.model.cfg.n_layers) / l.pp;
   return static_cast<double>(spec::PipelineStages{l.pp, l.vpp, cut}.blocks_on(stage));
 }
@@ -161,7 +161,7 @@ MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
   MemoryBreakdown first = stage_memory(l, j, 0), last = stage_memory(l, j, l.pp - 1);
   MemoryBreakdown worst = last.total > first.total ? last : first;
   // An explicit cut may make a middle stage the heaviest (more blocks than the trimmed ends).
-  if (!j.software.pipeline_layers.empty())
+  if (!pipeline_cut(l, j).empty())
     for (int r = 1; r + 1 < l.pp; ++r)
       if (MemoryBreakdown m = stage_memory(l, j, r); m.total > worst.total) worst = m;
   return worst;

@@ -284,7 +284,8 @@ StepTime step_time(const Layout& l, const Job& j) {
   }
   // Per micro-batch on the slowest stage. Megatron cuts the blocks evenly, so the last stage (it adds
   // the head) is the slowest; Loom's engine cuts them by cost (spec::cut_pipeline), and an explicit
-  // list (--pipeline-layers) may cut either unevenly, so then each stage is priced and the slowest kept.
+  // list (--pipeline-layers), or the trimmed ends where pp x v does not divide the blocks (pipeline_cut),
+  // may cut either unevenly, so then each stage is priced and the slowest kept.
   double layers = static_cast<double>(c.n_layers) / l.pp;
   bool holds_head = true;
   int priced_stage = l.pp - 1;
@@ -292,8 +293,9 @@ StepTime step_time(const Layout& l, const Job& j) {
   std::vector<double> stage_times;
   // Uneven stages (Loom's engine, or an explicit cut for either profile): every stage priced, the
   // slowest kept.
-  if ((j.software.loom_engine || !j.software.pipeline_layers.empty()) && l.pp > 1) {
-    const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, j.software.pipeline_layers);
+  const std::vector<int64_t> explicit_cut = pipeline_cut(l, j);
+  if ((j.software.loom_engine || !explicit_cut.empty()) && l.pp > 1) {
+    const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, explicit_cut);
     double slowest = -1, all_stages = 0;
     for (int r = 0; r < l.pp; ++r) {
       const double blocks = static_cast<double>(cut.blocks_on(r));

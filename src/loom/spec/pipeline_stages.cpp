@@ -126,6 +126,19 @@ std::vector<int64_t> even_ranks(std::vector<int64_t> layers, int pp, double b, d
 
 }  // namespace
 
+std::vector<int64_t> trimmed_ends(int64_t L, int K) {
+  if (K < 1 || L < K)
+    throw ConfigError(std::to_string(L) + " blocks cannot be cut into " + std::to_string(K) +
+                      " pipeline chunks of at least one block each");
+  const int64_t q = L / K, light = K - L % K;  // `light` chunks of q blocks, the rest q + 1
+  std::vector<int64_t> layers(static_cast<size_t>(K), q + 1);
+  for (int64_t i = 0; i < light; ++i) {
+    const int64_t pos = i % 2 == 0 ? i / 2 : K - 1 - i / 2;  // 0, K-1, 1, K-2, ...
+    layers[static_cast<size_t>(pos)] = q;
+  }
+  return layers;
+}
+
 PipelineStages cut_pipeline(const TransformerConfig& cfg, int64_t seq, int pp, int v,
                             const std::vector<int64_t>& explicit_layers) {
   PipelineStages s;

@@ -39,6 +39,12 @@ double head_cost(const TransformerConfig& cfg);
 PipelineStages cut_pipeline(const TransformerConfig& cfg, int64_t seq, int pp, int v,
                             const std::vector<int64_t>& explicit_layers = {});
 
+// L blocks on K chunks as evenly as possible, the lighter chunks at the two ends (first, last, second,
+// second to last, ...): how stacks cut a model whose blocks pp x v does not divide -- Llama 3 405B's 126
+// on 16 stages as 7, 8 x 14, 7, where the first stage also holds the embeddings and the most
+// activations in flight, and the last the head and the loss. Needs 1 <= K <= L (ConfigError).
+std::vector<int64_t> trimmed_ends(int64_t L, int K);
+
 // "7,8,8,7" -> {7, 8, 8, 7}; throws ConfigError naming `key` on anything else.
 std::vector<int64_t> parse_layer_counts(const std::string& text, const std::string& key);
 
