@@ -300,6 +300,22 @@ TEST(TimeModel, ZeroThreeReduceScattersEveryMicroBatchAndGathersNothingAfterTheS
   EXPECT_LE(fast.zero + fast.dp, z3.zero + z3.dp);
 }
 
+// The attention core is priced inside the memory-bound time, but a step it dominates (long sequences)
+// is bound by compute: Llama 3 405B at 128K tokens had been called memory-bound.
+TEST(TimeModel, AStepDominatedByTheAttentionCoreIsBoundByCompute) {
+  StepTime t;
+  t.compute = 1, t.memory_bound = 3, t.attention = 2.5, t.comm_exposed = 0.5;
+  EXPECT_EQ(t.bound(), "compute");
+  t.attention = 0.5;
+  EXPECT_EQ(t.bound(), "memory");
+  Job j = megatron_job("llama3-8b", 64, 64);
+  j.seq = 131072;
+  const Layout l{.dp = 4, .tp = 1, .cp = 16, .micro_batch = 1, .zero = 3, .recompute = Recompute::Full};
+  const StepTime longer = step_time(l, j);
+  ASSERT_GT(longer.attention, longer.compute) << "at 128K tokens attention outweighs the projections";
+  EXPECT_EQ(longer.bound(), "compute");
+}
+
 TEST(CollectiveCost, AlphaBetaWithNcclTestsBusBandwidthFactors) {
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllReduce, 8), 2 * 7.0 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor(Collective::AllGather, 4), 3.0 / 4);

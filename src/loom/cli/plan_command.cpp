@@ -47,8 +47,9 @@ constexpr double GiB = double(1 << 30);
 
 std::string breakdown(const plan::StepTime& t) {
   auto pct = [&](double x) { return 100 * x / t.total; };
-  return fmt::format("{:4.0f}% {:4.0f}% {:4.0f}% {:4.0f}%", pct(t.compute), pct(t.memory_bound), pct(t.comm_exposed),
-                     pct(t.bubble));
+  // As StepTime::bound() counts them: the attention core with compute.
+  return fmt::format("{:4.0f}% {:4.0f}% {:4.0f}% {:4.0f}%", pct(t.compute + t.attention), pct(t.memory_bound - t.attention),
+                     pct(t.comm_exposed), pct(t.bubble));
 }
 
 nlohmann::json to_json(const plan::Candidate& c, const plan::Job& j) {
@@ -62,7 +63,9 @@ nlohmann::json to_json(const plan::Candidate& c, const plan::Job& j) {
                           {"optimizer", m.optimizer / GiB}, {"activations", m.activations / GiB},
                           {"logits", m.logits / GiB}, {"comm_buffers", m.comm_buffers / GiB}, {"usable", m.usable / GiB}}},
           {"step_s", t.total}, {"tokens_per_s", plan::tokens_per_s(t, j)}, {"mfu", plan::mfu(t, j)},
-          {"breakdown_s", {{"compute", t.compute}, {"memory_bound", t.memory_bound}, {"comm_exposed", t.comm_exposed},
+          // memory_bound includes the attention core (`attention`), as StepTime keeps it.
+          {"breakdown_s", {{"compute", t.compute}, {"memory_bound", t.memory_bound}, {"attention", t.attention},
+                           {"comm_exposed", t.comm_exposed},
                            {"bubble", t.bubble}, {"recompute", t.recompute}, {"tp", t.tp}, {"cp", t.cp}, {"ep", t.ep},
                            {"pp", t.pp}, {"dp", t.dp}, {"zero", t.zero}, {"overlap_slowdown", t.overlap}}},
           {"bound", t.bound()}};
@@ -83,8 +86,8 @@ void explain(const plan::Candidate& c, const plan::Job& j) {
              "optimizer {:.2f}, activations {:.2f}, logits {:.2f}, comm buffers {:.2f}\n",
              m.total / GiB, m.usable / GiB, 100 * j.memory_margin, m.weights / GiB, m.grads / GiB, m.optimizer / GiB,
              m.activations / GiB, m.logits / GiB, m.comm_buffers / GiB);
-  fmt::print("  step {:.3f} s = compute {:.3f} + memory-bound {:.3f} + exposed comm {:.3f} + bubble {:.3f}", t.total,
-             t.compute, t.memory_bound, t.comm_exposed, t.bubble);
+  fmt::print("  step {:.3f} s = compute {:.3f} + attention core {:.3f} + memory-bound {:.3f} + exposed comm {:.3f} + bubble {:.3f}",
+             t.total, t.compute, t.attention, t.memory_bound - t.attention, t.comm_exposed, t.bubble);
   if (t.overlap > 0)
     fmt::print(" + compute slowed under overlapped comm {:.3f} (efficiency.overlap_slowdown {:.3g})", t.overlap,
                j.cluster.hw.efficiency.overlap_slowdown);

@@ -37,7 +37,7 @@ struct StepTime {
   std::vector<double> stage_micro_batch;
   double model_flops = 0;    // per step, Loom's MFU convention (6N + attention)
   double hardware_flops = 0; // per step, what the GEMMs execute (recompute included)
-  std::string bound() const;  // "compute", "memory", "communication" or "bubble"
+  std::string bound() const;  // "compute" (attention core included), "memory", "communication" or "bubble"
 };
 
 StepTime step_time(const Layout& l, const Job& j);
