@@ -456,10 +456,22 @@ TEST(UnevenStages, TrimmedFirstAndLastStagesArePricedStageByStage) {
   divides.pp = 14;
   EXPECT_TRUE(pipeline_cut(divides, trimmed).empty());  // 126 = 14 x 9: an even split
   // The search finds Llama 3 405B's pipeline layouts on 16 stages by itself (it tried only the
-  // divisors of 126 before).
+  // divisors of 126 before). Interleaved chunks that do not divide the blocks are the user's to cut
+  // (--pipeline-layers): stacks differ in how they cut them.
   bool sixteen = false;
-  for (const auto& c : search(trimmed, Fixed{}, 100000).ranked) sixteen |= c.layout.pp == 16;
+  for (const auto& c : search(trimmed, Fixed{}, 100000).ranked) {
+    sixteen |= c.layout.pp == 16;
+    if (c.layout.pp == 16) EXPECT_TRUE(c.layout.vpp == 1 || c.layout.vpp == 7) << c.layout.str();
+  }
   EXPECT_TRUE(sixteen);
+  Layout interleaved = l;
+  interleaved.vpp = 2, interleaved.schedule = Schedule::Interleaved;
+  EXPECT_NE(check_layout(interleaved, trimmed).why.find("--pipeline-layers"), std::string::npos);
+  // More chunks than blocks is refused naming both.
+  Layout too_deep = l;
+  too_deep.pp = 128, too_deep.dp = 1;
+  EXPECT_NE(check_layout(too_deep, trimmed).why.find("pp * vpp = 128 chunks exceed the 126 layers"), std::string::npos)
+      << check_layout(too_deep, trimmed).why;
   // Another number of chunks is another layout; a cut that does not hold the model is a job error.
   Layout eight = l;
   eight.pp = 8, eight.dp = 16;

@@ -73,7 +73,7 @@ void check_job(const Job& j) {
 std::vector<int64_t> pipeline_cut(const Layout& l, const Job& j) {
   if (!j.software.pipeline_layers.empty()) return j.software.pipeline_layers;
   const int64_t chunks = int64_t(l.pp) * l.vpp, blocks = j.model.cfg.n_layers;
-  if (l.pp == 1 || j.software.loom_engine || blocks % chunks == 0 || blocks < chunks) return {};
+  if (l.pp == 1 || l.vpp > 1 || j.software.loom_engine || blocks % chunks == 0 || blocks < chunks) return {};
   return spec::trimmed_ends(blocks, static_cast<int>(chunks));
 }
 
@@ -95,9 +95,14 @@ Verdict check_layout(const Layout& l, const Job& j) {
   if (!cut.empty()) {
     if (static_cast<int64_t>(cut.size()) != int64_t(l.pp) * l.vpp || l.pp == 1)
       return div(fmt::format("--pipeline-layers gives {} chunks, not pp * vpp = {}", cut.size(), l.pp * l.vpp));
-  } else if (c.n_layers % (int64_t(l.pp) * l.vpp) && (j.software.loom_engine || c.n_layers < int64_t(l.pp) * l.vpp)) {
-    // (Megatron-family profiles cut the rest with the ends trimmed: pipeline_cut.)
-    return div(fmt::format("pp * vpp = {} does not divide {} layers", l.pp * l.vpp, c.n_layers));
+  } else if (c.n_layers < int64_t(l.pp) * l.vpp) {
+    return div(fmt::format("pp * vpp = {} chunks exceed the {} layers (each chunk holds at least one)", l.pp * l.vpp,
+                           c.n_layers));
+  } else if (c.n_layers % (int64_t(l.pp) * l.vpp) && (j.software.loom_engine || l.vpp > 1)) {
+    // (One chunk per stage is cut with the ends trimmed, pipeline_cut; interleaved chunks need an
+    // explicit --pipeline-layers.)
+    return div(fmt::format("pp * vpp = {} does not divide {} layers{}", l.pp * l.vpp, c.n_layers,
+                           j.software.loom_engine ? "" : " (give the interleaved chunks' blocks with --pipeline-layers)"));
   }
   if (l.vpp > 1 && (l.pp == 1 || l.schedule != Schedule::Interleaved))
     return div("virtual stages need pp > 1 and the interleaved schedule");

@@ -111,8 +111,8 @@ struct Verdict {
 Verdict check_layout(const Layout& l, const Job& job);
 
 // The blocks per pipeline chunk the layout runs: the job's explicit cut (--pipeline-layers), or, when
-// pp x vpp does not divide the blocks, the ends trimmed (spec::trimmed_ends: the Megatron-family
-// profiles; Loom's engine balances by cost); empty for an even split.
+// pp does not divide the blocks and each stage runs one chunk, the ends trimmed (spec::trimmed_ends:
+// the Megatron-family profiles; Loom's engine balances by cost); empty for an even split.
 std::vector<int64_t> pipeline_cut(const Layout& l, const Job& job);
 
 // Micro-batches per step per pipeline.

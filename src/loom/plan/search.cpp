@@ -37,6 +37,21 @@ std::vector<int> powers_of_two_dividing(int64_t n, int64_t limit) {
   return d;
 }
 
+// Virtual pipeline stages to try, up to 8: those whose chunks hold the blocks evenly, and 1 (one
+// chunk per stage, which the Megatron-family profiles cut with the ends trimmed where pp does not
+// divide the blocks: pipeline_cut). At least {1}, so that a pp beyond the blocks is refused by
+// check_layout, saying why.
+std::vector<int> virtual_stages(const Job& j, int pp) {
+  const int64_t blocks = j.model.cfg.n_layers;
+  if (pp <= 1 || blocks < pp) return {1};
+  std::vector<int> v = divisors(blocks / pp, 8);
+  if (blocks % pp == 0) return v;
+  std::vector<int> even{1};  // blocks / pp rounds down: keep the v whose pp x v divides the blocks
+  for (int k : v)
+    if (k > 1 && blocks % (int64_t(pp) * k) == 0) even.push_back(k);
+  return even;
+}
+
 template <class T>
 std::vector<T> pick(const std::optional<T>& fixed, std::vector<T> all) {
   if (fixed) return {*fixed};
@@ -131,7 +146,7 @@ SearchResult search(const Job& j, const Fixed& f, int top) {
         if (f.dp && *f.dp != dp) continue;
         for (int ep : pick(f.ep, j.model.is_moe() ? divisors(std::min<int64_t>(dp, j.model.n_experts()), 64) : std::vector<int>{1}))
           for (int mb : pick(f.micro_batch, powers_of_two_dividing(std::max<int64_t>(1, j.global_batch / dp), 16)))
-            for (int vpp : pick(f.vpp, pp > 1 ? divisors(c.n_layers / pp, 8) : std::vector<int>{1}))
+            for (int vpp : pick(f.vpp, virtual_stages(j, pp)))
               for (Schedule sch : pick(f.schedule, vpp > 1   ? std::vector<Schedule>{Schedule::Interleaved}
                                                    : pp == 1 ? std::vector<Schedule>{Schedule::OneFOneB}
                                                    : j.software.zero_bubble
