@@ -194,6 +194,20 @@ TEST(PlanCli, PrintsJsonForAJobAndOneLineErrors) {
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["layouts"].size(), 3u);
   EXPECT_GT(j["layouts"][0]["tokens_per_s"].get<double>(), 0);
+  EXPECT_FALSE(j["layouts"][0].contains("pipeline_layers"));  // only an uneven cut is listed
+  // 126 layers on 16 stages: the trimmed-ends cut, in the JSON and in --explain.
+  out = run("plan --model llama3-405b --cluster h100:1024 --seq 8192 --global-batch 512 --fix tp=8 pp=16 dp=8 "
+            "recompute=full --top 1 --json",
+            rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<int64_t> trimmed{7};
+  for (int i = 0; i < 14; ++i) trimmed.push_back(8);
+  trimmed.push_back(7);
+  EXPECT_EQ(nlohmann::json::parse(out)["layouts"][0]["pipeline_layers"].get<std::vector<int64_t>>(), trimmed);
+  out = run("plan --model llama3-405b --cluster h100:1024 --seq 8192 --global-batch 512 --fix tp=8 pp=16 dp=8 "
+            "recompute=full --top 1 --explain",
+            rc);
+  EXPECT_NE(out.find("blocks per pipeline chunk 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7"), std::string::npos) << out;
   out = run("plan --model nope --cluster a100 --seq 2048 --global-batch 8", rc);
   EXPECT_EQ(rc, 1);
   EXPECT_EQ(out.find("loom: error: unknown model 'nope'"), 0u) << out;

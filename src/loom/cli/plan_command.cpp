@@ -55,7 +55,7 @@ std::string breakdown(const plan::StepTime& t) {
 nlohmann::json to_json(const plan::Candidate& c, const plan::Job& j) {
   const auto& t = c.time;
   const auto& m = c.memory;
-  return {{"layout", c.layout.str()},
+  nlohmann::json out = {{"layout", c.layout.str()},
           {"dp", c.layout.dp}, {"tp", c.layout.tp}, {"pp", c.layout.pp}, {"cp", c.layout.cp}, {"ep", c.layout.ep},
           {"vpp", c.layout.vpp}, {"micro_batch", c.layout.micro_batch}, {"zero", c.layout.zero}, {"sp", c.layout.sp},
           {"recompute", plan::recompute_name(c.layout.recompute)}, {"schedule", plan::schedule_name(c.layout.schedule)},
@@ -69,6 +69,9 @@ nlohmann::json to_json(const plan::Candidate& c, const plan::Job& j) {
                            {"bubble", t.bubble}, {"recompute", t.recompute}, {"tp", t.tp}, {"cp", t.cp}, {"ep", t.ep},
                            {"pp", t.pp}, {"dp", t.dp}, {"zero", t.zero}, {"overlap_slowdown", t.overlap}}},
           {"bound", t.bound()}};
+  // An uneven cut (--pipeline-layers, or the trimmed ends where pp does not divide the blocks).
+  if (const auto cut = plan::pipeline_cut(c.layout, j); !cut.empty()) out["pipeline_layers"] = cut;
+  return out;
 }
 
 void explain(const plan::Candidate& c, const plan::Job& j) {
