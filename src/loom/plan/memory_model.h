@@ -38,7 +38,8 @@ struct StageParams {
 };
 StageParams stage_params(const Layout& l, const Job& j, bool last);
 // Pipeline stage `stage` (0 .. pp - 1; the first holds the embedding, the last the head): its blocks
-// from the explicit cut (Software::pipeline_layers) when there is one, else n_layers / pp.
+// from the layout's cut (plan::pipeline_cut: explicit, or the ends trimmed) when it is uneven, else
+// n_layers / pp.
 StageParams stage_params_of(const Layout& l, const Job& j, int stage);
 double stage_layers(const Layout& l, const Job& j, int stage);
 

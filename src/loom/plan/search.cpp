@@ -37,19 +37,14 @@ std::vector<int> powers_of_two_dividing(int64_t n, int64_t limit) {
   return d;
 }
 
-// Virtual pipeline stages to try, up to 8: those whose chunks hold the blocks evenly, and 1 (one
-// chunk per stage, which the Megatron-family profiles cut with the ends trimmed where pp does not
-// divide the blocks: pipeline_cut). At least {1}, so that a pp beyond the blocks is refused by
-// check_layout, saying why.
+// Virtual pipeline stages to try, up to 8: those whose chunks hold the blocks evenly; where pp does
+// not divide the blocks, none does, and one chunk per stage is tried (the Megatron-family profiles
+// cut it with the ends trimmed: pipeline_cut). At least {1}, so that a pp beyond the blocks is
+// refused by check_layout, saying why.
 std::vector<int> virtual_stages(const Job& j, int pp) {
   const int64_t blocks = j.model.cfg.n_layers;
-  if (pp <= 1 || blocks < pp) return {1};
-  std::vector<int> v = divisors(blocks / pp, 8);
-  if (blocks % pp == 0) return v;
-  std::vector<int> even{1};  // blocks / pp rounds down: keep the v whose pp x v divides the blocks
-  for (int k : v)
-    if (k > 1 && blocks % (int64_t(pp) * k) == 0) even.push_back(k);
-  return even;
+  if (pp <= 1 || blocks < pp || blocks % pp != 0) return {1};
+  return divisors(blocks / pp, 8);
 }
 
 template <class T>

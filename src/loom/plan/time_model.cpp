@@ -31,7 +31,7 @@ std::string StepTime::bound() const {
   // The attention core is kept with the memory-bound kernels (it is not a projection GEMM), but it is
   // FLOPs at a GEMM-like rate: a step bound by it is bound by compute (at 128K tokens it outweighs the
   // projections).
-  const double parts[] = {compute + attention, memory_bound - attention, comm_exposed, bubble};
+  const double parts[] = {compute + attention_in_compute(), memory_bound - attention_in_compute(), comm_exposed, bubble};
   const char* names[] = {"compute", "memory", "communication", "bubble"};
   return names[std::max_element(parts, parts + 4) - parts];
 }
@@ -333,6 +333,7 @@ StepTime step_time(const Layout& l, const Job& j) {
   }
   st.recompute = m * layers * rec;
   st.attention = m * layers * attn;
+  st.attention_is_compute = j.software.flash_attention;
   // Bubble: (p-1)/v micro-batch times for GPipe / 1F1B / interleaved; zero-bubble (ZB-H1) removes
   // about two thirds of it by filling it with weight-gradient GEMMs (Qi et al. 2023). The slowest stage
   // waits, in warm-up and cool-down, for the others' passes of a micro-batch: with Loom's uneven cut
@@ -343,8 +344,9 @@ StepTime step_time(const Layout& l, const Job& j) {
     if (l.schedule == Schedule::ZeroBubble) st.bubble /= 3;
   }
 
-  // Data-parallel gradient reduction (hierarchical), once per step (per micro-batch for ZeRO-2/3).
-  const StageParams sp = stage_params(l, j, true);
+  // Data-parallel gradient reduction (hierarchical), once per step (per micro-batch for ZeRO-2/3), of the
+  // priced (slowest) stage's parameters: with an uneven cut a middle stage may hold more than the last.
+  const StageParams sp = stage_params_of(l, j, priced_stage);
   // Loom's engine reduces gradients (and shards ZeRO) over the data replicas dp x cp.
   const GroupShape dpg = j.software.loom_engine ? group(l.dp * l.cp, l.tp, dpn) : group(l.dp, l.tp * l.cp, dpn);
   const GroupShape edpg = group(std::max(1, l.dp / l.ep), l.tp * l.cp * l.ep, dpn);
@@ -379,7 +381,9 @@ StepTime step_time(const Layout& l, const Job& j) {
   };
   double dp = reduce(sp.dense, dpg) + reduce(sp.expert, edpg);
   const bool hides = !j.software.comm_on_compute_cores;
-  const double fwd = layers * (lc.gemm + lc.memory + lc.attn_core);  // one micro-batch's forward on the stage
+  // One micro-batch's forward on the stage (slowed like the rest of the pass: no_recompute_slowdown).
+  const double fwd = layers * (lc.gemm + lc.memory + lc.attn_core) *
+                     (l.recompute != Recompute::Full ? 1 + j.software.no_recompute_slowdown : 1.0);
   const double window = j.software.dp_overlap && hides ? 2 * fwd : 0;
   st.dp = std::max(0.0, dp - (l.zero >= 2 ? m * window : window));
   double hidden = m * layers * hidden_block;
@@ -388,7 +392,9 @@ StepTime step_time(const Layout& l, const Job& j) {
   // forward's gathers run under the forward, and the backward's gathers share the backward (recomputed
   // forward included) with the reduce-scatters. The first unit of each pass has nothing to hide behind.
   if (l.zero == 3) {
-    double gather = group_collective_time(Collective::AllGather, (sp.dense + sp.expert) * 2, dpg, hw) +
+    // Experts are sharded over their own replicas (dp / ep), as the memory model holds them.
+    double gather = group_collective_time(Collective::AllGather, sp.dense * 2, dpg, hw) +
+                    group_collective_time(Collective::AllGather, sp.expert * 2, edpg, hw) +
                     latency(Collective::AllGather, dpg, units);  // per unit, as each block is needed
     gather += f32_gathers(dpg);
     const double rs = dp / m;  // this micro-batch's reduce-scatters

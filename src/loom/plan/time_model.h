@@ -37,7 +37,11 @@ struct StepTime {
   std::vector<double> stage_micro_batch;
   double model_flops = 0;    // per step, Loom's MFU convention (6N + attention)
   double hardware_flops = 0; // per step, what the GEMMs execute (recompute included)
-  std::string bound() const;  // "compute" (attention core included), "memory", "communication" or "bubble"
+  // Flash attention: the attention core is FLOPs at a GEMM-like rate (counted with compute by bound());
+  // materialised, it is also the score matrix's memory passes (left with the memory-bound kernels).
+  bool attention_is_compute = true;
+  double attention_in_compute() const { return attention_is_compute ? attention : 0; }
+  std::string bound() const;  // "compute" (a flash attention core included), "memory", "communication" or "bubble"
 };
 
 StepTime step_time(const Layout& l, const Job& j);

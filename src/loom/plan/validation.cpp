@@ -165,7 +165,7 @@ void evaluate(const std::vector<ValidationRow>& rows, double gemm_scale, Validat
     };
     const double GiB = double(1 << 30);
     auto activations = [&](const Layout& l) {
-      return static_cast<double>(c.n_layers) / l.pp * activation_bytes_per_layer(l, r.job) * in_flight_micro_batches(l, r.job);
+      return stage_layers(l, r.job, 0) * activation_bytes_per_layer(l, r.job) * in_flight_micro_batches(l, r.job);
     };
     if (auto pub = r.state_GiB) {
       Layout l = mem_layout(Recompute::Selective, true);
@@ -492,17 +492,25 @@ ValidationReport validate(const std::vector<ValidationRow>& parsed) {
       for (auto& r : rows) r.job.software.no_recompute_slowdown = x;
       errors.push_back(errors_by_gemm_scale(rows, {1.0}).front());
     }
-    if (errors.front().empty() || errors.front() == errors.back()) continue;  // no throughput row it moves
+    // Only the lines the knob moves (those without full recompute) fit it and are counted.
+    std::vector<size_t> moved;
+    for (size_t i = 0; i < errors.front().size(); ++i)
+      if (errors.front()[i] != errors.back()[i]) moved.push_back(i);
+    if (moved.empty()) continue;
+    auto only_moved = [&](const std::vector<double>& e) {
+      std::vector<double> out;
+      for (size_t i : moved) out.push_back(e[i]);
+      return out;
+    };
+    for (auto& e : errors) e = only_moved(e);
     ProfileFit p;
-    p.software = name, p.in_sample_rows = static_cast<int>(errors.front().size());
-    p.shipped = parsed.front().job.software.no_recompute_slowdown;
+    p.software = name, p.in_sample_rows = static_cast<int>(moved.size());
     for (const auto& r : parsed)
       if (r.job.software.profile == name) p.shipped = r.job.software.no_recompute_slowdown;
     const OneParameterFit f = fit_one_parameter(errors);
     p.fitted = grid[f.best], p.fitted_mean = f.mean;
     for (auto& r : rows) r.job.software.no_recompute_slowdown = p.shipped;
-    const std::vector<std::vector<double>> shipped = errors_by_gemm_scale(rows, {1.0});
-    for (double e : shipped.front()) p.shipped_mean += e / p.in_sample_rows;
+    for (double e : only_moved(errors_by_gemm_scale(rows, {1.0}).front())) p.shipped_mean += e / p.in_sample_rows;
     rep.profiles.push_back(p);
   }
   return rep;

@@ -72,7 +72,7 @@ struct FamilyFit {
 // ship), for the profiles with an in-sample row the knob moves.
 struct ProfileFit {
   std::string software;
-  int in_sample_rows = 0;
+  int in_sample_rows = 0;  // the in-sample throughput lines the knob moves (no full recompute)
   double shipped = 0, fitted = 0;
   double shipped_mean = 0, fitted_mean = 0;  // the rows' mean throughput error with each
 };
