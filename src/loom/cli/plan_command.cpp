@@ -297,7 +297,8 @@ void register_plan(CLI::App& app, Action& action) {
                   "compare the cost model with published results in FILE (repeat it to validate several files as one set)");
   cmd->add_option("--pipeline-layers", o->pipeline_layers,
                   "blocks per pipeline chunk, e.g. \"7,8,8,...,7\" (first and last stages trimmed, as real runs cut "
-                  "126 layers on 16 stages); only layouts with that many chunks are searched");
+                  "126 layers on 16 stages); only layouts with that many chunks are searched. Without it, a pp that "
+                  "does not divide the blocks is cut that way by default (one chunk per stage)");
   cmd->add_option("--software", o->software,
                   "the training stack's assumptions, printed with every prediction: megatron (default: Megatron-Core "
                   "today), megatron-2021 (the published rows' Megatron-LM), deepspeed, neuron (NeuronX Distributed), "
