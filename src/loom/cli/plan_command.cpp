@@ -301,7 +301,7 @@ void register_plan(CLI::App& app, Action& action) {
                   "does not divide the blocks is cut that way by default (one chunk per stage)");
   cmd->add_option("--software", o->software,
                   "the training stack's assumptions, printed with every prediction: megatron (default: Megatron-Core "
-                  "today), megatron-2021 (the published rows' Megatron-LM), deepspeed, neuron (NeuronX Distributed), "
+                  "today), megatron-2021 (the published rows' Megatron-LM), nemo (Megatron-Core as NeMo runs it), deepspeed, pytorch-fsdp (Composer / llm-foundry, fms-fsdp, TorchTitan), neuron (NeuronX Distributed), "
                   "loom (Loom's own engine: its memory, exact to its measured peaks, and only the layouts it runs), or "
                   "FILE.toml with a [software] table (docs/planner.md)");
   cmd->add_option("--engine", o->engine, "the older spelling of --software: megatron or loom")
