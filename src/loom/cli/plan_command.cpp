@@ -84,6 +84,10 @@ void explain(const plan::Candidate& c, const plan::Job& j) {
   const std::vector<int64_t> cut = plan::pipeline_cut(c.layout, j);
   std::string per_stage = fmt::format("{} layers per stage", cfg.n_layers / c.layout.pp);
   if (!cut.empty()) per_stage = fmt::format("blocks per pipeline chunk {}", fmt::join(cut, ","));
+  // Loom's engine cuts its blocks by cost (spec::cut_pipeline), not n_layers / pp.
+  if (cut.empty() && j.software.loom_engine && c.layout.pp > 1)
+    per_stage = fmt::format("blocks per pipeline chunk {} (balanced by cost)",
+                            spec::cut_pipeline(cfg, j.seq, c.layout.pp, c.layout.vpp).str());
   fmt::print("  micro-batches per step {} of {} sequences; {}\n", plan::micro_batches(c.layout, j), c.layout.micro_batch,
              per_stage);
   fmt::print("  memory/device {:.2f} GiB of {:.2f} usable ({:.0f}% margin kept): weights {:.2f}, grads {:.2f}, "
