@@ -160,7 +160,7 @@ MemoryBreakdown memory_per_device(const Layout& l, const Job& j) {
   if (l.pp == 1) return stage_memory(l, j, 0);  // one stage holds embedding, layers and head
   MemoryBreakdown first = stage_memory(l, j, 0), last = stage_memory(l, j, l.pp - 1);
   MemoryBreakdown worst = last.total > first.total ? last : first;
-  // An explicit cut may make a middle stage the heaviest (more blocks than the trimmed ends).
+  // An uneven cut (explicit, or the trimmed ends) may make a middle stage the heaviest.
   if (!pipeline_cut(l, j).empty())
     for (int r = 1; r + 1 < l.pp; ++r)
       if (MemoryBreakdown m = stage_memory(l, j, r); m.total > worst.total) worst = m;

@@ -152,6 +152,18 @@ ParamCounts count_params(const PlanModel& m) {
   return p;
 }
 
-double flops_per_token(const PlanModel& m, int64_t seq) { return spec::model_flops_per_token(m.cfg, seq); }
+// spec::model_flops_per_token's count, from the closed-form parameter counts instead of a built
+// parameter table: the planner prices every layout it searches with it (tests pin the two equal).
+double flops_per_token(const PlanModel& m, int64_t seq) {
+  const auto& c = m.cfg;
+  const ParamCounts p = count_params(m);
+  // A token passes through top_k of the experts: the others' weights do no work for it.
+  const double idle_experts = static_cast<double>(c.moe_layer_count()) * static_cast<double>(c.moe.experts - c.moe.top_k) *
+                              3.0 * static_cast<double>(c.expert_width() * c.d_model);
+  // The blocks and final norm, and the head's matmul (tied or not).
+  const double dense = static_cast<double>(p.total - p.embedding - p.lm_head + c.vocab_size * c.d_model) - idle_experts;
+  const double attention = 6.0 * static_cast<double>(c.n_layers * seq * c.n_heads * c.head_dim());
+  return 6.0 * dense + attention;
+}
 
 }  // namespace loom::plan

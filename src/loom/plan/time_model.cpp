@@ -294,11 +294,11 @@ StepTime step_time(const Layout& l, const Job& j) {
   int priced_stage = l.pp - 1;
   std::optional<double> other_stages;  // uneven stages: the other stages' micro-batch times, summed
   std::vector<double> stage_times;
-  // Uneven stages (Loom's engine, or an explicit cut for either profile): every stage priced, the
+  // Uneven stages (Loom's engine, or an uneven cut for either profile): every stage priced, the
   // slowest kept.
-  const std::vector<int64_t> explicit_cut = pipeline_cut(l, j);
-  if ((j.software.loom_engine || !explicit_cut.empty()) && l.pp > 1) {
-    const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, explicit_cut);
+  const std::vector<int64_t> uneven_cut = pipeline_cut(l, j);
+  if ((j.software.loom_engine || !uneven_cut.empty()) && l.pp > 1) {
+    const spec::PipelineStages cut = spec::cut_pipeline(c, j.seq, l.pp, l.vpp, uneven_cut);
     double slowest = -1, all_stages = 0;
     for (int r = 0; r < l.pp; ++r) {
       const double blocks = static_cast<double>(cut.blocks_on(r));
