@@ -77,27 +77,38 @@ std::vector<float> filled(int64_t n, float scale = 0.01f) {
 // `mini`: 8 sequences of 256 tokens, d_model 384, 6 heads of 64, d_ff 1536, vocabulary 8192.
 constexpr int64_t kRows = 8 * 256, kModel = 384, kFf = 1536, kVocab = 8192;
 
-// A linear layer's forward GEMM: x[N, K] . W[M, K]^T at the step's three widths (QKV, MLP in, head).
-void BM_gemm(benchmark::State& state, DType dtype) {
+// A linear layer's three GEMMs as the backend calls them (kernels::linear_gemms): the forward
+// x[N, K] . W[M, K]^T, dX = dY . W and dW += dY^T . x, at the step's three widths (QKV, MLP in, head).
+// The weight-gradient GEMM reads dY transposed and accumulates: the slowest of the three in a step.
+enum class Pass { Forward, BackwardData, BackwardWeight };
+void BM_gemm(benchmark::State& state, DType dtype, Pass pass) {
   const int64_t N = kRows, K = kModel, M = state.range(0);
-  kernels::GemmDesc d{.M = N, .N = M, .K = K, .trans_b = true, .ab_type = dtype};
+  const kernels::LinearGemms all = kernels::linear_gemms(N, M, K, dtype);
+  const kernels::GemmDesc d = pass == Pass::Forward        ? all.forward
+                              : pass == Pass::BackwardData ? all.backward_data
+                                                           : all.backward_weight;
   const size_t es = dtype == DType::BF16 ? 2 : 4;
-  std::vector<std::byte> a(static_cast<size_t>(N * K) * es), b(static_cast<size_t>(M * K) * es);
-  const auto fa = filled(N * K), fb = filled(M * K);
+  std::vector<std::byte> a(static_cast<size_t>(d.M * d.K) * es), b(static_cast<size_t>(d.K * d.N) * es);
+  const auto fa = filled(d.M * d.K), fb = filled(d.K * d.N);
   if (dtype == DType::BF16) {
-    kernels::cast_f32_to_bf16(reinterpret_cast<bf16*>(a.data()), fa.data(), N * K);
-    kernels::cast_f32_to_bf16(reinterpret_cast<bf16*>(b.data()), fb.data(), M * K);
+    kernels::cast_f32_to_bf16(reinterpret_cast<bf16*>(a.data()), fa.data(), d.M * d.K);
+    kernels::cast_f32_to_bf16(reinterpret_cast<bf16*>(b.data()), fb.data(), d.K * d.N);
   } else {
     std::memcpy(a.data(), fa.data(), a.size());
     std::memcpy(b.data(), fb.data(), b.size());
   }
-  std::vector<float> c(static_cast<size_t>(N * M));
+  std::vector<float> c(static_cast<size_t>(d.M * d.N));
   Allocator alloc;
   measure(state, kernels::gemm_cost(d), dtype,
           [&] { kernels::gemm(d, a.data(), b.data(), c.data(), nullptr, alloc); });
 }
-BENCHMARK_CAPTURE(BM_gemm, f32, DType::F32)->Arg(3 * kModel)->Arg(kFf)->Arg(kVocab)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_gemm, bf16, DType::BF16)->Arg(3 * kModel)->Arg(kFf)->Arg(kVocab)->Unit(benchmark::kMillisecond)->UseRealTime();
+#define LOOM_GEMM_BENCH(name, dtype, pass)                                                                    \
+  BENCHMARK_CAPTURE(BM_gemm, name, dtype, pass)->Arg(3 * kModel)->Arg(kFf)->Arg(kVocab)->Unit(benchmark::kMillisecond)->UseRealTime()
+LOOM_GEMM_BENCH(f32, DType::F32, Pass::Forward);
+LOOM_GEMM_BENCH(bf16, DType::BF16, Pass::Forward);
+LOOM_GEMM_BENCH(bf16_bwd_data, DType::BF16, Pass::BackwardData);
+LOOM_GEMM_BENCH(bf16_bwd_weight, DType::BF16, Pass::BackwardWeight);
+#undef LOOM_GEMM_BENCH
 
 // Causal attention, forward and backward, at mini's shape (B 8, T 256) and at T 1024 / 2048 (one
 // sequence): the f32 kernels and the bf16 ones (bf16 operands, f32 accumulation; the f32 kernels where

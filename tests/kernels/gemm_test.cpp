@@ -74,6 +74,47 @@ TEST(Gemm, Bf16OperandsAccumulateInF32) {
             seed++);
 }
 
+// kernels::linear_gemms -- the one description of a linear layer's GEMMs that the backend runs and
+// `loom calibrate` times -- against the layer's calculus in float64: y = x . W^T, dX = dY . W and
+// dW += dY^T . x (accumulated onto what the gradient held), with x [rows, in], W [out, in], dY [rows, out].
+TEST(Gemm, LinearGemmsAreALinearLayersForwardAndBothGradients) {
+  const int64_t rows = 23, out = 17, in = 11;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  auto rnd = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& e : v) e = dist(rng);
+    return v;
+  };
+  const auto x = rnd(rows * in), w = rnd(out * in), dy = rnd(rows * out), dw0 = rnd(out * in);
+  const LinearGemms g = linear_gemms(rows, out, in, DType::F32);
+  Allocator alloc;
+  std::vector<float> y(static_cast<size_t>(rows * out)), dx(static_cast<size_t>(rows * in)), dw = dw0;
+  gemm(g.forward, x.data(), w.data(), y.data(), nullptr, alloc);
+  gemm(g.backward_data, dy.data(), w.data(), dx.data(), nullptr, alloc);
+  gemm(g.backward_weight, dy.data(), x.data(), dw.data(), nullptr, alloc);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double e = 0;
+      for (int64_t i = 0; i < in; ++i) e += double(x[r * in + i]) * w[o * in + i];
+      ASSERT_NEAR(y[r * out + o], e, 1e-4) << "y[" << r << ", " << o << "]";
+    }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < in; ++i) {
+      double e = 0;
+      for (int64_t o = 0; o < out; ++o) e += double(dy[r * out + o]) * w[o * in + i];
+      ASSERT_NEAR(dx[r * in + i], e, 1e-4) << "dx[" << r << ", " << i << "]";
+    }
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      double e = dw0[o * in + i];
+      for (int64_t r = 0; r < rows; ++r) e += double(dy[r * out + o]) * x[r * in + i];
+      ASSERT_NEAR(dw[o * in + i], e, 1e-4) << "dw[" << o << ", " << i << "]";
+    }
+  EXPECT_TRUE(g.backward_weight.accumulate && !g.forward.accumulate && !g.backward_data.accumulate);
+  EXPECT_EQ(linear_gemms(rows, out, in, DType::BF16).forward.ab_type, DType::BF16);
+}
+
 // A residual connection added in the epilogue (binary post-op) instead of copied into C and accumulated:
 // against float64, and bit for bit what the copy-then-accumulate path gives (the same one addition of
 // the residual after the bias), in f32 and bf16.

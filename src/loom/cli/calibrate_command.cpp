@@ -94,7 +94,7 @@ template <class Run> double best_rate(double work, double budget, Run &&run) {
 // Best rate of one GEMM shape (best_rate).
 plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
                            double budget, Allocator &alloc) {
-  GemmOperands g(M, N, K, dtype, alloc);
+  GemmOperands g({.M = M, .N = N, .K = K, .ab_type = dtype}, alloc);
   return {double(M), double(N), double(K), best_rate(g.flops(), budget, [&] { g.run(alloc); })};
 }
 

@@ -6,36 +6,44 @@
 
 namespace loom::cli {
 
-GemmOperands::GemmOperands(int64_t M, int64_t N, int64_t K, DType dtype, Allocator& alloc)
-    : d{.M = M, .N = N, .K = K, .ab_type = dtype},
-      a(alloc, dtype_size(dtype) * M * K, MemCategory::Workspace),
-      b(alloc, dtype_size(dtype) * K * N, MemCategory::Workspace),
-      c(alloc, sizeof(float) * M * N, MemCategory::Workspace) {
-  const size_t elt = dtype_size(dtype);
-  auto fill = [elt](Buffer& buf, size_t n, unsigned mod) {
+GemmOperands::GemmOperands(const kernels::GemmDesc& desc, Allocator& alloc)
+    : d(desc),
+      a(alloc, dtype_size(d.ab_type) * d.M * d.K, MemCategory::Workspace),
+      b(alloc, dtype_size(d.ab_type) * d.K * d.N, MemCategory::Workspace),
+      c(alloc, sizeof(float) * d.M * d.N, MemCategory::Workspace) {
+  const size_t elt = dtype_size(d.ab_type);
+  auto fill = [](Buffer& buf, size_t n, size_t elt_size, unsigned mod) {
     auto* p = static_cast<unsigned char*>(buf.data());
     for (size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(i % mod + 1);
-    for (size_t i = elt - 1; i < n; i += elt) p[i] = 0x3c;
+    for (size_t i = elt_size - 1; i < n; i += elt_size) p[i] = 0x3c;
   };
-  fill(a, elt * M * K, 61);
-  fill(b, elt * K * N, 53);
+  fill(a, elt * d.M * d.K, elt, 61);
+  fill(b, elt * d.K * d.N, elt, 53);
+  fill(c, sizeof(float) * d.M * d.N, sizeof(float), 47);  // an accumulating GEMM reads it
+  if (d.bias) bias = Buffer(alloc, sizeof(float) * d.N, MemCategory::Workspace), fill(bias, sizeof(float) * d.N, 4, 43);
+  if (d.residual)
+    residual = Buffer(alloc, sizeof(float) * d.M * d.N, MemCategory::Workspace),
+    fill(residual, sizeof(float) * d.M * d.N, 4, 41);
 }
 
 void GemmOperands::run(Allocator& alloc) {
-  kernels::gemm(d, a.data(), b.data(), static_cast<float*>(c.data()), nullptr, alloc);
+  kernels::gemm(d, a.data(), b.data(), static_cast<float*>(c.data()), static_cast<const float*>(bias.data()), alloc,
+                static_cast<const float*>(residual.data()));
 }
 
 size_t LayerGemm::bytes() const {
   const auto e = static_cast<size_t>(dtype_size(dtype));
   const auto m = static_cast<size_t>(M), n = static_cast<size_t>(N), k = static_cast<size_t>(K);
-  return (2 * e + 4) * (m * k + m * n + k * n);  // three (a, b, c) sets
+  return (2 * e + 4) * (m * k + m * n + k * n) + (residual ? 4 * m * n : 0);  // three (a, b, c) sets
 }
 
 double LayerGemm::run_once(ColdCaches& cold, bool keep, Allocator& alloc) {
   if (!fwd) {
-    fwd = std::make_unique<GemmOperands>(M, N, K, dtype, alloc);
-    dx = std::make_unique<GemmOperands>(M, K, N, dtype, alloc);
-    dw = std::make_unique<GemmOperands>(K, N, M, dtype, alloc);
+    kernels::LinearGemms g = kernels::linear_gemms(M, N, K, dtype);
+    g.forward.bias = bias, g.forward.residual = residual;
+    fwd = std::make_unique<GemmOperands>(g.forward, alloc);
+    dx = std::make_unique<GemmOperands>(g.backward_data, alloc);
+    dw = std::make_unique<GemmOperands>(g.backward_weight, alloc);
   }
   const double t = cold.time([&] { fwd->run(alloc); }) + cold.time([&] { dx->run(alloc); }) +
                    cold.time([&] { dw->run(alloc); });
@@ -59,18 +67,22 @@ std::vector<LayerGemm> model_layer_gemms(const std::string& config) {
   const bool moe = m.moe.enabled(), dense = m.moe_layer_count() < m.n_layers;
   const int64_t Fe = m.expert_width(), Fs = m.moe.shared_experts * Fe, E = m.moe.experts, k = m.moe.top_k;
   std::vector<LayerGemm> shapes;
-  auto add = [&](int64_t M, int64_t N, int64_t K) {
+  auto add = [&](int64_t M, int64_t N, int64_t K, bool bias = false, bool residual = false) {
     LayerGemm g;
-    g.M = M, g.N = N, g.K = K, g.dtype = dtype;
+    g.M = M, g.N = N, g.K = K, g.dtype = dtype, g.bias = bias, g.residual = residual;
     shapes.push_back(std::move(g));
   };
   for (int64_t tp : {1, 2}) {
     if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp || (moe && Fe % tp)) continue;
+    // One rank adds the residual stream in the out and down projections' epilogue; under tp the partial
+    // sums are reduced first and added apart.
+    const bool residual = tp == 1;
     for (int64_t n : rows) {
-      std::vector<std::pair<int64_t, int64_t>> nk{{(q + 2 * kv) / tp, C}, {C, q / tp}, {m.vocab_size / tp, C}};
-      if (dense) nk.insert(nk.end(), {{(gpt2 ? F : 2 * F) / tp, C}, {C, F / tp}});
-      if (Fs > 0) nk.insert(nk.end(), {{2 * Fs / tp, C}, {C, Fs / tp}});
-      for (auto [N, K] : nk) add(n, N, K);
+      add(n, (q + 2 * kv) / tp, C, gpt2);
+      add(n, C, q / tp, gpt2, residual);
+      add(n, m.vocab_size / tp, C);
+      if (dense) add(n, (gpt2 ? F : 2 * F) / tp, C, gpt2), add(n, C, F / tp, gpt2, residual);
+      if (Fs > 0) add(n, 2 * Fs / tp, C), add(n, C, Fs / tp, false, residual);
       // Each SwiGLU expert's GEMMs at its mean rows, n k ep / E, for ep in {1, 2, 4} dividing the
       // experts (the planner prices the experts at those shapes).
       if (moe)

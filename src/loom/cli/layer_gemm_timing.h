@@ -32,21 +32,25 @@ class ColdCaches {
   std::vector<float> evict_ = std::vector<float>(size_t{4} << 20);
 };
 
-// One GEMM shape's operands, filled with small non-zero values near 1 (as the peak probe: zeros or
-// denormals could take unrepresentative paths), and the call that runs it.
+// One GEMM's operands (its bias and residual too where the description has them), filled with small
+// non-zero values near 1 (as the peak probe: zeros or denormals could take unrepresentative paths), and
+// the call that runs it.
 struct GemmOperands {
   kernels::GemmDesc d;
-  Buffer a, b, c;
-  GemmOperands(int64_t M, int64_t N, int64_t K, DType dtype, Allocator& alloc);
+  Buffer a, b, c, bias, residual;
+  GemmOperands(const kernels::GemmDesc& desc, Allocator& alloc);
   void run(Allocator& alloc);
   double flops() const { return 2.0 * double(d.M) * double(d.N) * double(d.K); }
 };
 
-// A layer GEMM as a training step runs it: the forward [M, N, K] and its backward dX [M, K, N] and dW
-// [K, N, M], each called with the core caches evicted.
+// A linear layer's GEMMs as a training step runs them (kernels::linear_gemms: M rows, N output and K
+// input features): the forward with its epilogue (bias, residual add), dX and dW, each called with the
+// core caches evicted.
 struct LayerGemm {
   int64_t M = 0, N = 0, K = 0;
   DType dtype = DType::BF16;
+  bool bias = false;      // the forward adds a bias (GPT-2's linears)
+  bool residual = false;  // the forward adds the residual stream in its epilogue (a one-rank block's out and down)
   std::unique_ptr<GemmOperands> fwd, dx, dw;  // kept between rounds while they fit (time_layer_gemms)
   std::vector<double> times;                  // seconds of one fwd + dX + dW, one per round
 

@@ -86,8 +86,8 @@ void CpuBackend::linear_forward_gemm(const Tensor& y, const Tensor* residual, co
   expect(w.shape().rank() == 2 && cols(x) == w.dim(1) && rows(y) == rows(x) && cols(y) == w.dim(0),
          "linear: y " + sh(y) + " != x " + sh(x) + " . w^T " + sh(w));
   expect_f32(y, "linear", "output");
-  GemmDesc d{.M = rows(x), .N = w.dim(0), .K = w.dim(1), .trans_b = true, .ab_type = x.dtype(),
-             .accumulate = accumulate, .bias = b != nullptr, .residual = residual != nullptr};
+  GemmDesc d = linear_gemms(rows(x), w.dim(0), w.dim(1), x.dtype()).forward;
+  d.accumulate = accumulate, d.bias = b != nullptr, d.residual = residual != nullptr;
   auto c = gemm_cost(d);
   Span span(tracer_, "gemm_fwd", Category::Gemm, c.flops, c.bytes);
   std::vector<float> bias;
@@ -121,11 +121,12 @@ void CpuBackend::grouped_linear_forward(const Tensor& y, const Tensor& x, std::s
   const int64_t OC = w[0].dim(0), IC = w[0].dim(1), M = offsets.back();
   expect(rows(y) >= M && cols(y) == OC, "grouped_linear: y " + sh(y) + " does not fit " + std::to_string(M) + " rows x " +
                                             std::to_string(OC));
-  auto c = gemm_cost({.M = M, .N = OC, .K = IC, .trans_b = true, .ab_type = x.dtype()});
+  auto c = gemm_cost(linear_gemms(M, OC, IC, x.dtype()).forward);
   Span span(tracer_, "gemm_grouped_fwd", Category::Gemm, c.flops, c.bytes);
   const size_t xe = dtype_size(x.dtype());
   for_each_group(offsets, [&](size_t g, int64_t r0, int64_t n) {
-    GemmDesc d{.M = n, .N = OC, .K = IC, .trans_b = true, .ab_type = x.dtype(), .runtime_shape = true};
+    GemmDesc d = linear_gemms(n, OC, IC, x.dtype()).forward;
+    d.runtime_shape = true;
     gemm(d, static_cast<const std::byte*>(x.raw()) + r0 * IC * static_cast<int64_t>(xe), w[g].raw(),
          y.data<float>() + r0 * OC, nullptr, alloc_);
   });
@@ -143,22 +144,24 @@ void CpuBackend::grouped_linear_backward(const Tensor& dx, std::span<const Tenso
   // The output gradient in the weights' precision, cast once for every group.
   const Tensor g_all = M > 0 ? prepare_output_grad(dy.slice(0, M), nullptr, w[0]) : dy;
   const size_t ge = dtype_size(g_all.dtype()), xe = dtype_size(x.dtype());
-  auto data_cost = gemm_cost({.M = M, .N = IC, .K = OC, .ab_type = w[0].dtype()});
+  const LinearGemms all = linear_gemms(M, OC, IC, w[0].dtype());
+  auto data_cost = gemm_cost(all.backward_data);
   {
     Span span(tracer_, "gemm_grouped_bwd_data", Category::Gemm, data_cost.flops, data_cost.bytes);
     for_each_group(offsets, [&](size_t g, int64_t r0, int64_t n) {
-      GemmDesc d{.M = n, .N = IC, .K = OC, .ab_type = w[g].dtype(), .runtime_shape = true};
+      GemmDesc d = linear_gemms(n, OC, IC, w[g].dtype()).backward_data;
+      d.runtime_shape = true;
       gemm(d, static_cast<const std::byte*>(g_all.raw()) + r0 * OC * static_cast<int64_t>(ge), w[g].raw(),
            dx.data<float>() + r0 * IC, nullptr, alloc_);
     });
   }
-  auto weight_cost = gemm_cost({.M = OC, .N = IC, .K = M, .trans_a = true, .ab_type = w[0].dtype(), .accumulate = true});
+  auto weight_cost = gemm_cost(all.backward_weight);
   Span span(tracer_, "gemm_grouped_bwd_weight", Category::Gemm, weight_cost.flops, weight_cost.bytes);
   for_each_group(offsets, [&](size_t g, int64_t r0, int64_t n) {
     expect(dw[g].shape() == w[g].shape() && dw[g].dtype() == DType::F32,
            "grouped_linear_backward: gradient " + sh(dw[g]) + " does not fit its weight " + sh(w[g]));
-    GemmDesc d{.M = OC, .N = IC, .K = n, .trans_a = true, .ab_type = w[g].dtype(), .accumulate = true,
-               .runtime_shape = true};
+    GemmDesc d = linear_gemms(n, OC, IC, w[g].dtype()).backward_weight;
+    d.runtime_shape = true;
     gemm(d, static_cast<const std::byte*>(g_all.raw()) + r0 * OC * static_cast<int64_t>(ge),
          static_cast<const std::byte*>(x.raw()) + r0 * IC * static_cast<int64_t>(xe), dw[g].data<float>(), nullptr,
          alloc_);
@@ -214,13 +217,14 @@ void CpuBackend::linear_backward(const Tensor* dx, bool dx_accumulate, const Ten
   if (dx) {
     expect_f32(*dx, "linear_backward", "dx");
     expect(dx->numel() == N * IC, "linear_backward: dx " + sh(*dx) + " does not match x " + sh(x));
-    GemmDesc d{.M = N, .N = IC, .K = OC, .ab_type = w.dtype(), .accumulate = dx_accumulate};
+    GemmDesc d = linear_gemms(N, OC, IC, w.dtype()).backward_data;
+    d.accumulate = dx_accumulate;
     auto c = gemm_cost(d);
     Span span(tracer_, "gemm_bwd_data", Category::Gemm, c.flops, c.bytes);
     gemm(d, g, w.raw(), dx->data<float>(), nullptr, alloc_);
   }
   if (dw.defined()) {
-    GemmDesc d{.M = OC, .N = IC, .K = N, .trans_a = true, .ab_type = w.dtype(), .accumulate = true};
+    const GemmDesc d = linear_gemms(N, OC, IC, w.dtype()).backward_weight;
     auto c = gemm_cost(d);
     Span span(tracer_, "gemm_bwd_weight", Category::Gemm, c.flops, c.bytes);
     gemm(d, g, x.raw(), dw.data<float>(), nullptr, alloc_);

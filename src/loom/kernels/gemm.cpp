@@ -131,6 +131,13 @@ std::string GemmDesc::str() const {
          (accumulate ? " +=" : "") + (residual ? " +R" : "");
 }
 
+LinearGemms linear_gemms(int64_t rows, int64_t out_features, int64_t in_features, DType dtype) {
+  return {.forward = {.M = rows, .N = out_features, .K = in_features, .trans_b = true, .ab_type = dtype},
+          .backward_data = {.M = rows, .N = in_features, .K = out_features, .ab_type = dtype},
+          .backward_weight = {.M = out_features, .N = in_features, .K = rows, .trans_a = true, .ab_type = dtype,
+                              .accumulate = true}};
+}
+
 Bf16GemmMode gemm_bf16_mode() {
   static const Bf16GemmMode mode = probe_bf16();
   return mode;

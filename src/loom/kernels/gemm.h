@@ -36,6 +36,17 @@ struct GemmDesc {
   std::string str() const;
 };
 
+// The three GEMMs of a linear layer y[rows, out] = x[rows, in] . w[out, in]^T (w a torch.nn.Linear
+// weight) as the CPU backend calls them: the forward reads w transposed, dX = dY . w, and dW += dY^T . x
+// reads dY transposed and accumulates into the gradient. One definition for the backend and for
+// `loom calibrate`, so the calibration times the calls a step makes: oneDNN's code for a transposed
+// operand or an accumulating epilogue is not the plain GEMM's (the planner's one-rank prediction had
+// read 10% fast while the calibration timed plain [M, N, K] GEMMs in place of these).
+struct LinearGemms {
+  GemmDesc forward, backward_data, backward_weight;
+};
+LinearGemms linear_gemms(int64_t rows, int64_t out_features, int64_t in_features, DType dtype);
+
 // Runs the GEMM. `workspace` is used only by the bf16 fallback (widened operands); `residual` is R of
 // GemmDesc::residual (may not alias C).
 void gemm(const GemmDesc& d, const void* A, const void* B, float* C, const float* bias, Allocator& workspace,
