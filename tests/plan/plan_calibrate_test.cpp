@@ -200,6 +200,58 @@ TEST(Calibrate, Bf16TrainingIsPricedAtTheBf16AttentionKernelsRate) {
 }
 
 
+// `loom calibrate --model`'s attention at the model's own shapes ([[attention_table]]): a job whose
+// shape is in the table is priced at that rate (the nearest batch, on a rank of a shared machine the
+// per-rank row), any other at attention_tflops; the rows survive the round trip, and bad rows are named.
+TEST(Calibrate, AttentionTimedAtTheModelsShapesPricesThoseShapes) {
+  Calibration c = small_calibration();
+  c.attention_bf16 = {{{1, 1024, 8, 64}, 4e10}};
+  // mini: 6 heads of 64, T = 256; whole machine at B 8 and 2, one of 2 ranks at B 4; and an f32 row.
+  c.engine_attention = {{8, 256, 6, 6, 64, 2, 1e10}, {8, 256, 6, 6, 64, 2, 3e10}, {2, 256, 6, 6, 64, 2, 3e10},
+                        {4, 256, 6, 6, 64, 2, 0.5e10, 2}, {8, 256, 6, 6, 64, 4, 0.8e10}};
+  const Hardware hw = hardware_from_calibration(c);
+  ASSERT_EQ(hw.attention_table.size(), 4u) << "the two B 8 bf16 samples merge into their median";
+  EXPECT_DOUBLE_EQ(hw.attention_rate(8, 256, 6, 6, 64, true), 2e10);
+  EXPECT_DOUBLE_EQ(hw.attention_rate(6, 256, 6, 6, 64, true), 2e10) << "the nearest B: 8 (log distance)";
+  EXPECT_DOUBLE_EQ(hw.attention_rate(2, 256, 6, 6, 64, true), 3e10);
+  EXPECT_DOUBLE_EQ(hw.attention_rate(8, 256, 6, 6, 64, false), 0.8e10) << "f32 jobs: the f32 row";
+  EXPECT_DOUBLE_EQ(hw.attention_rate(8, 512, 6, 6, 64, true), 4e10) << "another T: attention_bf16_tflops";
+  EXPECT_DOUBLE_EQ(hw.attention_rate(8, 256, 6, 2, 64, true), 4e10) << "other KV heads: attention_bf16_tflops";
+  const Hardware two = rank_share(hw, 2);
+  EXPECT_DOUBLE_EQ(two.attention_rate(4, 256, 6, 6, 64, true), 0.5e10) << "a rank of two: its own row";
+  EXPECT_DOUBLE_EQ(rank_share(hw, 4).attention_rate(8, 256, 6, 6, 64, true), 0.5e10) << "no 4-rank row: shared out";
+
+  Job j;
+  j.model = plan_model("mini");
+  j.cluster = {hw, 1};
+  j.seq = 256, j.global_batch = 8, j.precision = "bf16";
+  const double at_b8 = step_time(Layout{.micro_batch = 8}, j).attention;
+  Hardware no_table = hw;
+  no_table.attention_table.clear();
+  j.cluster.hw = no_table;
+  EXPECT_NEAR(step_time(Layout{.micro_batch = 8}, j).attention / at_b8, 0.5, 1e-9)
+      << "the table's 20 GFLOP/s, not attention_bf16_tflops' 40";
+
+  const Hardware back = parse_hardware(hardware_to_toml(hw, "x", {}), "back.toml");
+  ASSERT_EQ(back.attention_table.size(), 4u);
+  EXPECT_EQ(back.attention_table[2].ranks, 2);
+  EXPECT_NEAR(back.attention_rate(8, 256, 6, 6, 64, true), 2e10, 1e4);
+  std::string text = hardware_to_toml(hw, "x", {});
+  auto bad = [&](const std::string& from, const std::string& to, const std::string& message) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    try {
+      parse_hardware(t, "bad.toml");
+      ADD_FAILURE() << to << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  bad("kv_heads = 6", "kv_heads = 4", "attention_table[0]: heads = 6 must be a multiple of kv_heads = 4");
+  bad("head_dim = 64\nbytes = 2", "head_dim = 64\nbytes = 3", "attention_table[0]: 'bytes' must be 2 (bf16 kernels) or 4");
+  bad("t = 256", "t = -1", "attention_table[0]: 't' must be a positive number");
+}
+
 // `loom calibrate --model CONFIG`: the model's layer GEMMs, timed at the shapes its layouts run, are
 // written as [[gemm_table]] and read back; the time model takes their rate for exactly those shapes and
 // the curve for any other.
@@ -263,6 +315,14 @@ tflops = 0.25
     EXPECT_EQ(g.bytes, 4);
     EXPECT_TRUE(g.M == 512 || g.M == 256 || g.M == 128) << g.M;
     EXPECT_GT(g.flops_per_s, 0);
+  }
+  // Its attention at B = 8, 4 and 2 sequences of 64 tokens, whole heads and split by tp 2.
+  ASSERT_EQ(measured.attention_table.size(), 6u);
+  for (const auto& a : measured.attention_table) {
+    EXPECT_EQ(a.T, 64);
+    EXPECT_EQ(a.bytes, 4) << "tiny trains in fp32";
+    EXPECT_TRUE(a.B == 8 || a.B == 4 || a.B == 2) << a.B;
+    EXPECT_GT(a.flops_per_s, 0);
   }
   fs::remove(file);
   r = test::run_loom("calibrate --quick --no-comm --model /no/such.toml --out " + file.string());
@@ -352,6 +412,9 @@ TEST(Calibrate, TimesTheLayerGemmsPerRankOfTheRanksItMeasuresCollectivesOn) {
   }
   EXPECT_GE(whole, 20u);
   EXPECT_EQ(per_rank, whole) << "every shape timed per rank too";
+  size_t attention_per_rank = 0;
+  for (const auto& a : hw.attention_table) attention_per_rank += a.ranks == 2;
+  EXPECT_EQ(attention_per_rank * 2, hw.attention_table.size()) << "attention timed per rank too";
   EXPECT_GT(hw.staged_intra_node.bandwidth, 0);
   fs::remove(file);
   // The benchmark itself, one copy per rank: every rank reports every shape.
@@ -360,4 +423,5 @@ TEST(Calibrate, TimesTheLayerGemmsPerRankOfTheRanksItMeasuresCollectivesOn) {
   ASSERT_EQ(b.rc, 0) << b.out << b.err;
   EXPECT_NE(b.out.find("\"rank\":0"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("\"rank\":1"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("\"attention_tflops\""), std::string::npos) << b.out;
 }

@@ -1,5 +1,6 @@
 // `loom bench gemm --config CONFIG`: a model's layer GEMMs (forward and both backward GEMMs at the shapes
-// its layouts run; cli/layer_gemm_timing.h) timed with this process's threads. Run one copy per rank
+// its layouts run; cli/layer_gemm_timing.h) and its attention kernel at those layouts' shapes, timed with
+// this process's threads. Run one copy per rank
 // (`loom run -n 2 -- loom bench gemm --config configs/mini.toml`) to see what a rank of a job that
 // shares the machine gets while the others run theirs: `loom calibrate --model` does that, and the
 // planner prices those ranks' GEMMs at those rates.
@@ -43,6 +44,23 @@ int bench_gemm(const BenchGemmArgs& a) {
     else
       fmt::print("{:>7.0f} {:>7.0f} {:>7.0f} {:>6.0f} {:>9.1f}\n", g.M, g.N, g.K, g.bytes, g.flops_per_s * 1e-9);
   }
+  auto attention_shapes = model_layer_attention(a.config);
+  const auto attention = time_layer_attention(attention_shapes, a.budget, alloc);
+  if (!a.json)
+    fmt::print("# its attention (forward + backward), cold caches, median of the rounds\n{:>4} {:>6} {:>5} {:>8} {:>8} "
+               "{:>5} {:>9}\n",
+               "B", "T", "heads", "kv_heads", "head_dim", "bytes", "GFLOP/s");
+  for (const auto& x : attention) {
+    if (a.json)
+      fmt::print("{}\n", nlohmann::json{{"rank", rank},         {"threads", backend.threads()}, {"b", x.B},
+                                        {"t", x.T},               {"heads", x.heads},             {"kv_heads", x.kv_heads},
+                                        {"head_dim", x.head_dim}, {"bytes", x.bytes},
+                                        {"attention_tflops", x.flops_per_s * 1e-12}}
+                             .dump());
+    else
+      fmt::print("{:>4.0f} {:>6.0f} {:>5.0f} {:>8.0f} {:>8.0f} {:>5.0f} {:>9.1f}\n", x.B, x.T, x.heads, x.kv_heads,
+                 x.head_dim, x.bytes, x.flops_per_s * 1e-9);
+  }
   return 0;
 }
 
@@ -50,7 +68,7 @@ int bench_gemm(const BenchGemmArgs& a) {
 
 void register_bench_gemm(CLI::App& bench, Action& action) {
   auto* cmd = bench.add_subcommand(
-      "gemm", "A model's layer GEMMs as a step runs them, with this process's threads; run one copy per rank: "
+      "gemm", "A model's layer GEMMs and attention as a step runs them, with this process's threads; run one copy per rank: "
               "loom run -n 2 -- loom bench gemm --config configs/mini.toml");
   auto a = std::make_shared<BenchGemmArgs>();
   cmd->add_option("-c,--config", a->config, "the model's config (as for loom train)")->required()->check(CLI::ExistingFile);

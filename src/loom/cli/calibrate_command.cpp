@@ -99,28 +99,17 @@ plan::GemmSample time_gemm(int64_t M, int64_t N, int64_t K, DType dtype,
 }
 
 // Loom's attention kernel, forward then backward, at one shape: FLOP/s by the kernel's own declared
-// costs, the median over repetitions for `budget` seconds. A training step calls it after other kernels
-// have filled the caches with their own data, so each call here starts with the core caches evicted
-// (16 MiB written in between, untimed): warm, back-to-back calls ran 1.25x faster than the same kernel
-// inside `mini`'s step, cold ones within a few percent of it. Inputs are small random-looking values.
+// costs, the median over repetitions for `budget` seconds, each call with the core caches evicted
+// (AttentionOperands).
 std::pair<std::vector<int64_t>, double> time_attention(int64_t B, int64_t T, int64_t H, int64_t D, bool bf16,
                                                        double budget, Allocator &alloc) {
-  kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D)), .bf16 = bf16};
-  const size_t rows = static_cast<size_t>(B * T), qkv_n = rows * 3 * H * D, out_n = rows * H * D;
-  std::vector<float> qkv(qkv_n), out(out_n), lse(rows * H), dout(out_n), dqkv(qkv_n);
-  for (size_t i = 0; i < qkv_n; ++i) qkv[i] = 0.02f * static_cast<float>(static_cast<int>(i * 2654435761u % 97) - 48);
-  for (size_t i = 0; i < out_n; ++i) dout[i] = 0.01f * static_cast<float>(static_cast<int>(i * 40503u % 89) - 44);
+  AttentionOperands op({.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D)), .bf16 = bf16});
   ColdCaches cold;
-  const double flops = kernels::attention_cost(s, false).flops + kernels::attention_cost(s, true).flops;
   std::vector<double> rates;
   const auto start = Clock::now();
   for (int rep = 0; (rep < 4 || seconds_since(start) < budget) && rep <= 1000; ++rep) {
-    const double t = cold.time([&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc); }) +
-                     cold.time([&] {
-                       kernels::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s,
-                                                   alloc);
-                     });
-    if (rep > 0) rates.push_back(flops / t);  // the first call pays for the workspace
+    const double t = op.run_once(cold, alloc);
+    if (rep > 0) rates.push_back(op.flops() / t);  // the first call pays for the workspace
   }
   std::nth_element(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2), rates.end());
   return {{B, T, H, D}, rates[rates.size() / 2]};
@@ -228,18 +217,28 @@ std::vector<plan::CollectiveSample> time_collectives(int ranks, bool quick, bool
 // The layer GEMMs of the model in `config` as each of `ranks` ranks sharing this machine runs them, on
 // its share of the cores while the others run theirs (`loom bench gemm` in a job of its own): per
 // shape, the median over the ranks' rates, as MeasuredGemm::ranks = ranks entries.
-std::vector<plan::MeasuredGemm> time_model_gemms_per_rank(const std::string &config, int ranks, double budget) {
+// Its attention likewise (the same job's `attention_tflops` rows).
+struct PerRankKernels {
+  std::vector<plan::MeasuredGemm> gemms;
+  std::vector<plan::MeasuredAttention> attention;
+};
+PerRankKernels time_model_kernels_per_rank(const std::string &config, int ranks, double budget) {
   const auto [text, status] =
       run_ranks(ranks, fmt::format("bench gemm --json --budget {} --config '{}'", budget, config));
   std::vector<plan::MeasuredGemm> samples;
   for (const auto &j : json_rows(text, "tflops"))
     samples.push_back({j["m"].get<double>(), j["n"].get<double>(), j["k"].get<double>(), j["bytes"].get<double>(),
                        j["tflops"].get<double>() * 1e12, ranks});
+  std::vector<plan::MeasuredAttention> attention;
+  for (const auto &j : json_rows(text, "attention_tflops"))
+    attention.push_back({j["b"].get<double>(), j["t"].get<double>(), j["heads"].get<double>(),
+                         j["kv_heads"].get<double>(), j["head_dim"].get<double>(), j["bytes"].get<double>(),
+                         j["attention_tflops"].get<double>() * 1e12, ranks});
   if (status != 0 || samples.empty())
     throw IoError(fmt::format("loom calibrate: the per-rank GEMM benchmark of {} on {} ranks failed (exit status {}); "
                               "its output:\n{}\npass --no-comm to calibrate without it",
                               config, ranks, status, text));
-  return plan::merge_gemm_samples(samples);
+  return {plan::merge_gemm_samples(samples), plan::merge_attention_samples(attention)};
 }
 
 int run_calibrate(const CalibrateOptions &o) {
@@ -314,6 +313,9 @@ int run_calibrate(const CalibrateOptions &o) {
     auto shapes = model_layer_gemms(config);
     auto gemms = time_layer_gemms(shapes, o.quick ? 0.01 : 0.2, alloc);
     cal.engine_gemms.insert(cal.engine_gemms.end(), gemms.begin(), gemms.end());
+    auto layer_attention = model_layer_attention(config);
+    auto attention = time_layer_attention(layer_attention, o.quick ? 0.01 : 0.2, alloc);
+    cal.engine_attention.insert(cal.engine_attention.end(), attention.begin(), attention.end());
   }
   cal.elementwise_bytes_per_s = time_elementwise(o.quick ? (1 << 20) : (16 << 20), o.quick ? 2 : 4);
 
@@ -330,8 +332,9 @@ int run_calibrate(const CalibrateOptions &o) {
       cal.collectives_staged.insert(cal.collectives_staged.end(), staged.begin(), staged.end());
       // The same ranks' GEMMs: a rank on its share of the cores is not the whole machine shared out.
       for (const auto &config : o.models) {
-        auto per_rank = time_model_gemms_per_rank(config, ranks, o.quick ? 0.01 : 0.2);
-        cal.engine_gemms.insert(cal.engine_gemms.end(), per_rank.begin(), per_rank.end());
+        auto per_rank = time_model_kernels_per_rank(config, ranks, o.quick ? 0.01 : 0.2);
+        cal.engine_gemms.insert(cal.engine_gemms.end(), per_rank.gemms.begin(), per_rank.gemms.end());
+        cal.engine_attention.insert(cal.engine_attention.end(), per_rank.attention.begin(), per_rank.attention.end());
       }
     }
 

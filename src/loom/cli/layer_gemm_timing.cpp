@@ -1,7 +1,9 @@
 #include "loom/cli/layer_gemm_timing.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "loom/spec/param_table.h"
 #include "loom/train/run_config.h"
 
 namespace loom::cli {
@@ -51,10 +53,31 @@ double LayerGemm::run_once(ColdCaches& cold, bool keep, Allocator& alloc) {
   return t;
 }
 
-std::vector<LayerGemm> model_layer_gemms(const std::string& config) {
-  const train::RunConfig cfg = train::load_run_config(config);
-  const spec::TransformerConfig& m = cfg.model.resolved;
-  const DType dtype = cfg.precision == model::Precision::FP32 ? DType::F32 : DType::BF16;
+AttentionOperands::AttentionOperands(const kernels::AttentionShape& s) : s_(s) {
+  const auto rows = static_cast<size_t>(s.B * s.T), q = static_cast<size_t>(s.H * s.D),
+             qkv = rows * static_cast<size_t>((s.H + 2 * s.KVH) * s.D);
+  qkv_.resize(qkv), out_.resize(rows * q), lse_.resize(rows * static_cast<size_t>(s.H)), dout_.resize(rows * q);
+  dqkv_.resize(qkv);
+  for (size_t i = 0; i < qkv_.size(); ++i)
+    qkv_[i] = 0.02f * static_cast<float>(static_cast<int>(i * 2654435761u % 97) - 48);
+  for (size_t i = 0; i < dout_.size(); ++i) dout_[i] = 0.01f * static_cast<float>(static_cast<int>(i * 40503u % 89) - 44);
+}
+
+double AttentionOperands::run_once(ColdCaches& cold, Allocator& alloc) {
+  return cold.time([&] { kernels::attention_forward(out_.data(), lse_.data(), qkv_.data(), s_, alloc); }) +
+         cold.time([&] {
+           kernels::attention_backward(dqkv_.data(), dout_.data(), out_.data(), lse_.data(), qkv_.data(), s_, alloc);
+         });
+}
+
+double AttentionOperands::flops(const kernels::AttentionShape& s) {
+  return kernels::attention_cost(s, false).flops + kernels::attention_cost(s, true).flops;
+}
+
+namespace {
+// The rows of one micro-batch a layout of this config runs: the batch, a half and a quarter of it (dp =
+// 2 and 4, or pipeline micro-batches) and the configured micro-batch.
+std::vector<int64_t> layout_rows(const train::RunConfig& cfg) {
   const int64_t T = cfg.seq_len();
   std::vector<int64_t> rows = {cfg.train.batch_size * T};
   for (int64_t d : {2, 4})
@@ -62,7 +85,78 @@ std::vector<LayerGemm> model_layer_gemms(const std::string& config) {
   if (cfg.train.micro_batch_size > 0) rows.push_back(cfg.train.micro_batch_size * T);
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  const int64_t C = m.d_model, hd = m.head_dim(), q = m.n_heads * hd, kv = m.n_kv_heads * hd, F = m.d_ff;
+  return rows;
+}
+
+// The median of `t`, reordering it.
+double median_of(std::vector<double>& t) {
+  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+// Round-robin until `seconds` have passed (at least 5 counted rounds, at most 1000; round 0 creates
+// primitives and workspaces and is not counted): run(i) times shape i once.
+template <class Run>
+void time_round_robin(size_t shapes, double seconds, Run&& run) {
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  for (int round = 0; (round <= 5 || elapsed() < seconds) && round <= 1000; ++round)
+    for (size_t i = 0; i < shapes; ++i) run(i, round > 0);
+}
+}  // namespace
+
+std::vector<LayerAttention> model_layer_attention(const std::string& config) {
+  const train::RunConfig cfg = train::load_run_config(config);
+  const spec::TransformerConfig& m = cfg.model.resolved;
+  const int64_t T = cfg.seq_len(), D = m.head_dim();
+  std::vector<LayerAttention> shapes;
+  for (int tp : {1, 2}) {
+    if (m.n_heads % tp || !spec::tp_splits_kv_heads(m, tp)) continue;
+    // More ranks than KV heads: each rank holds one replicated KV head (as the engine and the time model).
+    const int64_t kvh = spec::kv_heads_per_rank(m, tp);
+    for (int64_t n : layout_rows(cfg))
+      shapes.push_back({.shape = {.B = n / T, .T = T, .H = m.n_heads / tp, .KVH = kvh, .D = D,
+                                  .scale = 1.0f / std::sqrt(float(D)), .bf16 = cfg.precision != model::Precision::FP32}});
+  }
+  return shapes;
+}
+
+std::vector<plan::MeasuredAttention> time_layer_attention(std::vector<LayerAttention>& shapes, double budget,
+                                                          Allocator& alloc) {
+  // Operands stay allocated between rounds up to 1 GiB in all (as the GEMMs'); past that a shape's are
+  // rebuilt each round, untimed.
+  constexpr size_t kKeepBytes = size_t{1} << 30;
+  ColdCaches cold;
+  std::vector<std::unique_ptr<AttentionOperands>> ops(shapes.size());
+  std::vector<bool> keep(shapes.size());
+  size_t kept = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& s = shapes[i].shape;
+    const auto bytes = sizeof(float) * static_cast<size_t>(s.B * s.T * (2 * (s.H + 2 * s.KVH) + 3 * s.H + s.H));
+    if (kept + bytes <= kKeepBytes) keep[i] = true, kept += bytes;
+  }
+  time_round_robin(shapes.size(), budget * static_cast<double>(shapes.size()), [&](size_t i, bool counted) {
+    if (!ops[i]) ops[i] = std::make_unique<AttentionOperands>(shapes[i].shape);
+    const double t = ops[i]->run_once(cold, alloc);
+    if (counted) shapes[i].times.push_back(t);
+    if (!keep[i]) ops[i].reset();
+  });
+  std::vector<plan::MeasuredAttention> out;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& s = shapes[i].shape;
+    const double flops = AttentionOperands::flops(s);
+    out.push_back({double(s.B), double(s.T), double(s.H), double(s.KVH), double(s.D), s.bf16 ? 2.0 : 4.0,
+                   flops / median_of(shapes[i].times)});
+  }
+  return out;
+}
+
+std::vector<LayerGemm> model_layer_gemms(const std::string& config) {
+  const train::RunConfig cfg = train::load_run_config(config);
+  const spec::TransformerConfig& m = cfg.model.resolved;
+  const DType dtype = cfg.precision == model::Precision::FP32 ? DType::F32 : DType::BF16;
+  const std::vector<int64_t> rows = layout_rows(cfg);
+  const int64_t C = m.d_model, hd = m.head_dim(), q = m.n_heads * hd, F = m.d_ff;
   const bool gpt2 = m.arch == spec::Arch::GPT2;
   const bool moe = m.moe.enabled(), dense = m.moe_layer_count() < m.n_layers;
   const int64_t Fe = m.expert_width(), Fs = m.moe.shared_experts * Fe, E = m.moe.experts, k = m.moe.top_k;
@@ -72,13 +166,15 @@ std::vector<LayerGemm> model_layer_gemms(const std::string& config) {
     g.M = M, g.N = N, g.K = K, g.dtype = dtype, g.bias = bias, g.residual = residual;
     shapes.push_back(std::move(g));
   };
-  for (int64_t tp : {1, 2}) {
-    if (m.n_heads % tp || m.n_kv_heads % tp || F % tp || m.vocab_size % tp || (moe && Fe % tp)) continue;
+  for (int tp : {1, 2}) {
+    if (m.n_heads % tp || !spec::tp_splits_kv_heads(m, tp) || F % tp || m.vocab_size % tp || (moe && Fe % tp))
+      continue;
+    const int64_t kv_t = spec::kv_heads_per_rank(m, tp) * hd;  // one replicated KV head where tp exceeds them
     // One rank adds the residual stream in the out and down projections' epilogue; under tp the partial
     // sums are reduced first and added apart.
     const bool residual = tp == 1;
     for (int64_t n : rows) {
-      add(n, (q + 2 * kv) / tp, C, gpt2);
+      add(n, q / tp + 2 * kv_t, C, gpt2);
       add(n, C, q / tp, gpt2, residual);
       add(n, m.vocab_size / tp, C);
       if (dense) add(n, (gpt2 ? F : 2 * F) / tp, C, gpt2), add(n, C, F / tp, gpt2, residual);
@@ -109,20 +205,14 @@ std::vector<plan::MeasuredGemm> time_layer_gemms(std::vector<LayerGemm>& shapes,
   for (size_t i = 0; i < shapes.size(); ++i)
     if (kept + shapes[i].bytes() <= kKeepBytes) keep[i] = true, kept += shapes[i].bytes();
   ColdCaches cold;
-  const auto start = std::chrono::steady_clock::now();
-  const double total = budget * static_cast<double>(shapes.size());
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  for (int round = 0; (round <= 5 || elapsed() < total) && round <= 1000; ++round)
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const double t = shapes[i].run_once(cold, keep[i], alloc);
-      if (round > 0) shapes[i].times.push_back(t);
-    }
+  time_round_robin(shapes.size(), budget * static_cast<double>(shapes.size()), [&](size_t i, bool counted) {
+    const double t = shapes[i].run_once(cold, keep[i], alloc);
+    if (counted) shapes[i].times.push_back(t);
+  });
   std::vector<plan::MeasuredGemm> out;
   for (auto& g : shapes) {
-    auto& t = g.times;
-    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
     const double flops = 3 * 2.0 * double(g.M) * double(g.N) * double(g.K);
-    out.push_back({double(g.M), double(g.N), double(g.K), double(dtype_size(g.dtype)), flops / t[t.size() / 2]});
+    out.push_back({double(g.M), double(g.N), double(g.K), double(dtype_size(g.dtype)), flops / median_of(g.times)});
     g.fwd.reset(), g.dx.reset(), g.dw.reset();
   }
   return out;

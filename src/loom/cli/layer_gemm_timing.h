@@ -11,6 +11,7 @@
 
 #include "loom/core/allocator.h"
 #include "loom/core/dtype.h"
+#include "loom/kernels/attention.h"
 #include "loom/kernels/gemm.h"
 #include "loom/plan/hardware.h"
 
@@ -59,12 +60,42 @@ struct LayerGemm {
   double run_once(ColdCaches& cold, bool keep, Allocator& alloc);
 };
 
+// Loom's attention kernel (forward, then backward) at one shape, on small random-looking inputs: one
+// cold call of each per run_once. Warm, back-to-back calls ran 1.25x faster than the same kernel inside
+// `mini`'s step, cold ones within a few percent of it.
+class AttentionOperands {
+ public:
+  explicit AttentionOperands(const kernels::AttentionShape& s);
+  double run_once(ColdCaches& cold, Allocator& alloc);  // seconds of one forward + backward
+  double flops() const { return flops(s_); }  // the kernels' declared FLOPs of the two
+  static double flops(const kernels::AttentionShape& s);
+
+ private:
+  kernels::AttentionShape s_;
+  std::vector<float> qkv_, out_, lse_, dout_, dqkv_;
+};
+
+// A model's attention as a layout's rank runs it: B sequences of T tokens, H query and KVH key/value
+// heads of D on the rank (tp splits both; one replicated KV head where tp exceeds them), in the kernels
+// the run's precision takes.
+struct LayerAttention {
+  kernels::AttentionShape shape;
+  std::vector<double> times;  // seconds of one forward + backward, one per round
+};
+
 // The layer GEMMs of the model in `config` (a `loom train` config) at the shapes its layouts run on
 // this machine: rows = the tokens of one micro-batch (the batch, a half and a quarter of it as dp = 2
 // and 4 or pipeline micro-batches give, and the configured micro-batch), columns split by tp in {1, 2}
 // where tp divides the heads, KV heads and FFN width; the LM head too. A mixture of experts adds its
 // experts' GEMMs (at the rows each expert sees) and its shared experts'.
 std::vector<LayerGemm> model_layer_gemms(const std::string& config);
+
+// The attention shapes of the model in `config` at the rows model_layer_gemms takes (B = those rows / T)
+// and tp in {1, 2} where tp divides the heads.
+std::vector<LayerAttention> model_layer_attention(const std::string& config);
+// Their rates, timed as time_layer_gemms times the GEMMs (round-robin, cold, median of the rounds).
+std::vector<plan::MeasuredAttention> time_layer_attention(std::vector<LayerAttention>& shapes, double budget,
+                                                          Allocator& alloc);
 
 // Times every shape by the median over rounds, each round visiting every shape once (the first round
 // creates the primitives and is not counted), until `budget` seconds per shape have passed (at least 5

@@ -23,7 +23,11 @@ plan::Hardware rank_device(const plan::Hardware& machine, int world, std::string
   if (machine.devices_per_node != 1 || world <= 1) return machine;
   const bool timed = std::any_of(machine.gemm_table.begin(), machine.gemm_table.end(),
                                  [&](const plan::MeasuredGemm& g) { return g.ranks == world; });
-  source += fmt::format(", one device shared by {} ranks{}", world, timed ? " (its layer GEMMs timed per rank)" : "");
+  const bool attention = std::any_of(machine.attention_table.begin(), machine.attention_table.end(),
+                                     [&](const plan::MeasuredAttention& a) { return a.ranks == world; });
+  source += fmt::format(", one device shared by {} ranks{}", world,
+                        timed ? attention ? " (its layer GEMMs and attention timed per rank)" : " (its layer GEMMs timed per rank)"
+                              : "");
   return plan::rank_share(machine, world);
 }
 
@@ -140,7 +144,8 @@ RunPrediction predict_run(const train::RunConfig& cfg, int world, const std::opt
   const plan::StepTime predicted = plan::step_time(l, job);
   out.priced_stage = l.pp > 1 ? predicted.priced_stage : -1;
   out.check = plan::check_prediction(predicted, measured_step(report, world, l.pp, predicted.priced_stage),
-                                     job.cluster.hw.device.attention_rate(job.precision != "f32") > 0);
+                                     job.cluster.hw.device.attention_rate(job.precision != "f32") > 0 ||
+                                         !job.cluster.hw.attention_table.empty());
   return out;
 }
 

@@ -48,13 +48,15 @@ double median(std::vector<double> v) {
 }
 } // namespace
 
-std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> samples) {
-  std::vector<MeasuredGemm> out;
+namespace {
+// One entry per key (`same`), at the median of its samples' rates.
+template <class Sample, class Same>
+std::vector<Sample> merge_by_median(std::span<const Sample> samples, Same same) {
+  std::vector<Sample> out;
   std::vector<std::vector<double>> rates;
-  for (const MeasuredGemm &g : samples) {
+  for (const Sample &g : samples) {
     size_t i = 0;
-    while (i < out.size() && !(out[i].M == g.M && out[i].N == g.N && out[i].K == g.K && out[i].bytes == g.bytes &&
-                               out[i].ranks == g.ranks))
+    while (i < out.size() && !same(out[i], g))
       ++i;
     if (i == out.size()) out.push_back(g), rates.emplace_back();
     rates[i].push_back(g.flops_per_s);
@@ -66,6 +68,20 @@ std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> sampl
     out[i].flops_per_s = n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
   }
   return out;
+}
+}  // namespace
+
+std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> samples) {
+  return merge_by_median(samples, [](const MeasuredGemm &a, const MeasuredGemm &b) {
+    return a.M == b.M && a.N == b.N && a.K == b.K && a.bytes == b.bytes && a.ranks == b.ranks;
+  });
+}
+
+std::vector<MeasuredAttention> merge_attention_samples(std::span<const MeasuredAttention> samples) {
+  return merge_by_median(samples, [](const MeasuredAttention &a, const MeasuredAttention &b) {
+    return a.B == b.B && a.T == b.T && a.heads == b.heads && a.kv_heads == b.kv_heads && a.head_dim == b.head_dim &&
+           a.bytes == b.bytes && a.ranks == b.ranks;
+  });
 }
 
 Hardware hardware_from_calibration(const Calibration &c) {
@@ -112,6 +128,7 @@ Hardware hardware_from_calibration(const Calibration &c) {
   hw.efficiency.gemm_max = curve.gemm_max;
   hw.efficiency.gemm_half_dim = curve.gemm_half_dim;
   hw.gemm_table = merge_gemm_samples(c.engine_gemms);
+  hw.attention_table = merge_attention_samples(c.engine_attention);
   hw.efficiency.memory =
       1.0; // memory_bandwidth is already the measured streaming rate
   // What Loom's own kernels reach: its element-wise kernels stream below the triad's rate, and its
@@ -242,7 +259,11 @@ std::string calibration_to_toml(const Calibration &c) {
                       "(rows = tokens per micro-batch, columns split by tp), forward + dX + dW timed; the planner\n"
                       "uses these rates in place of the curve for exactly these shapes. Entries with ranks = R are\n"
                       "one rank's rate while R ranks share the machine (loom run -n R -- loom bench gemm), which the\n"
-                      "planner uses for R-rank runs on it."}});
+                      "planner uses for R-rank runs on it."},
+       {"attention_table", "`loom calibrate --model`: Loom's attention kernel (forward + backward) at the named models'\n"
+                           "shapes (b sequences of t tokens, heads and kv_heads of head_dim on a rank, bytes 2 for\n"
+                           "its bf16 kernels); the planner uses these rates for exactly these shapes (the nearest b)\n"
+                           "and attention_tflops for others. ranks = R as in gemm_table."}});
   auto list = [](auto const &v, auto f) {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i)

@@ -58,6 +58,8 @@ struct Calibration {
   double elementwise_bytes_per_s = 0;
   // `loom calibrate --model CONFIG`: that model's layer GEMMs at the shapes its layouts run (hardware.h).
   std::vector<MeasuredGemm> engine_gemms;
+  // And its attention at those layouts' shapes (hardware.h's attention_table).
+  std::vector<MeasuredAttention> engine_attention;
 };
 
 // The intra-node link that explains the collective samples with collective_cost.h's alpha-beta model
@@ -89,6 +91,8 @@ GemmCurve fit_gemm_curve(std::span<const RelativeSample> samples);
 // models sharing their attention, rows that coincide), and on a noisy machine two samples of one
 // shape differ by up to 1.5x (BENCHMARKS.md): the planner would otherwise take whichever came first.
 std::vector<MeasuredGemm> merge_gemm_samples(std::span<const MeasuredGemm> samples);
+// The same for attention samples (one entry per shape, element size and ranks).
+std::vector<MeasuredAttention> merge_attention_samples(std::span<const MeasuredAttention> samples);
 
 // The hardware description of one calibrated device: measured peaks, memory and
 // bandwidth, the fitted curve, and the link fitted to the collective samples

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 #include <toml++/toml.h>
 
 #include "loom/core/toml_text.h"
@@ -47,15 +48,29 @@ Hardware rank_share(const Hardware& machine, int ranks) {
   // A rank runs its GEMMs on its share of the cores, which is not the whole machine's rate shared out
   // (one thread each of two ranks beat half the two-thread rate by 7-17% on llama-mini's shapes):
   // the per-rank table where it was timed, else the whole device's rates shared out.
-  std::vector<MeasuredGemm> per_rank;
-  for (const auto& g : machine.gemm_table)
-    if (g.ranks == ranks) per_rank.push_back(g), per_rank.back().ranks = 1;
-  std::erase_if(hw.gemm_table, [](const MeasuredGemm& g) { return g.ranks != 1; });
-  if (per_rank.empty())
-    for (auto& g : hw.gemm_table) g.flops_per_s /= w;
-  else
-    hw.gemm_table = per_rank;
+  auto share_table = [&](auto& table, const auto& whole) {
+    std::remove_cvref_t<decltype(table)> per_rank;
+    for (const auto& g : whole)
+      if (g.ranks == ranks) per_rank.push_back(g), per_rank.back().ranks = 1;
+    std::erase_if(table, [](const auto& g) { return g.ranks != 1; });
+    if (per_rank.empty())
+      for (auto& g : table) g.flops_per_s /= w;
+    else
+      table = per_rank;
+  };
+  share_table(hw.gemm_table, machine.gemm_table);
+  share_table(hw.attention_table, machine.attention_table);
   return hw;
+}
+
+double Hardware::attention_rate(double B, double T, double heads, double kv_heads, double head_dim, bool bf16) const {
+  const double bytes = bf16 ? 2 : 4;
+  const MeasuredAttention* best = nullptr;
+  for (const auto& a : attention_table)
+    if (a.ranks == 1 && a.bytes == bytes && a.T == T && a.heads == heads && a.kv_heads == kv_heads &&
+        a.head_dim == head_dim && (!best || std::abs(std::log(a.B / B)) < std::abs(std::log(best->B / B))))
+      best = &a;
+  return best ? best->flops_per_s : device.attention_rate(bf16);
 }
 
 namespace {
@@ -177,6 +192,34 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
       hw.gemm_table.push_back(g);
     }
   }
+  if (const toml::node* t = root.get("attention_table")) {
+    const toml::array* rows = t->as_array();
+    if (!rows) throw ConfigError(origin + ": 'attention_table' must be an array of tables ([[attention_table]])");
+    for (size_t i = 0; i < rows->size(); ++i) {
+      const toml::table* row = (*rows)[i].as_table();
+      const std::string where = fmt::format("{}: attention_table[{}]", origin, i);
+      if (!row) throw ConfigError(where + " must be a table with b, t, heads, kv_heads, head_dim, bytes and tflops");
+      auto field = [&](const char* key) {
+        const auto v = row->get(key) ? row->get(key)->value<double>() : std::nullopt;
+        if (!v || !std::isfinite(*v) || *v <= 0 || *v > kMaxFigure)
+          throw ConfigError(fmt::format("{}: '{}' must be a positive number", where, key));
+        return *v;
+      };
+      MeasuredAttention a{field("b"), field("t"), field("heads"), field("kv_heads"), field("head_dim"), field("bytes"),
+                          field("tflops") * T};
+      if (a.bytes != 2 && a.bytes != 4) throw ConfigError(where + ": 'bytes' must be 2 (bf16 kernels) or 4 (f32)");
+      if (std::fmod(a.heads, a.kv_heads) != 0)
+        throw ConfigError(fmt::format("{}: heads = {} must be a multiple of kv_heads = {}", where, a.heads, a.kv_heads));
+      if (const toml::node* r = row->get("ranks")) {
+        const auto v = r->value_exact<int64_t>();
+        if (!v || *v < 1 || *v > 65536)
+          throw ConfigError(where + ": 'ranks' must be an integer in [1, 65536] (the ranks sharing the device "
+                                    "when the rate was timed per rank)");
+        a.ranks = static_cast<int>(*v);
+      }
+      hw.attention_table.push_back(a);
+    }
+  }
   if (hw.device.peak_bf16 <= 0 || hw.device.memory_bytes <= 0 || hw.device.memory_bandwidth <= 0 ||
       hw.intra_node.bandwidth <= 0 || hw.inter_node.bandwidth <= 0)
     throw ConfigError(origin + ": peaks, memory, bandwidths must be positive");
@@ -235,6 +278,15 @@ std::string hardware_to_toml(const Hardware& hw, const std::string& header,
     for (const auto& g : hw.gemm_table)
       out += fmt::format("[[gemm_table]]\nm = {:.0f}\nn = {:.0f}\nk = {:.0f}\nbytes = {:.0f}\ntflops = {:.6g}\n{}", g.M, g.N,
                          g.K, g.bytes, g.flops_per_s / T, g.ranks > 1 ? fmt::format("ranks = {}\n", g.ranks) : "");
+  }
+  if (!hw.attention_table.empty()) {
+    out += "\n" + comment(notes.count("attention_table") ? notes.at("attention_table")
+                                                        : std::string("Loom's attention kernel at a model's own shapes (forward + backward)."));
+    for (const auto& a : hw.attention_table)
+      out += fmt::format("[[attention_table]]\nb = {:.0f}\nt = {:.0f}\nheads = {:.0f}\nkv_heads = {:.0f}\nhead_dim = {:.0f}\n"
+                         "bytes = {:.0f}\ntflops = {:.6g}\n{}",
+                         a.B, a.T, a.heads, a.kv_heads, a.head_dim, a.bytes, a.flops_per_s / T,
+                         a.ranks > 1 ? fmt::format("ranks = {}\n", a.ranks) : "");
   }
   return out;
 }

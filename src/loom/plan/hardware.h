@@ -64,6 +64,18 @@ struct MeasuredGemm {
   int ranks = 1;
 };
 
+// Loom's attention kernel timed at a model's own shape (`loom calibrate --model`): forward + backward
+// FLOP/s by its declared costs, for B sequences of T tokens with `heads` query and `kv_heads` key/value
+// heads of `head_dim` on a rank, `bytes` 2 for its bf16 kernels and 4 for f32. `ranks` as MeasuredGemm's.
+// The rate moves with the shape (bf16 on the development EPYC, cold caches: ~275 GFLOP/s at T = 256, ~550
+// at 1024),
+// so the median of a few generic shapes had priced `mini`'s one-rank attention 28% fast.
+struct MeasuredAttention {
+  double B = 0, T = 0, heads = 0, kv_heads = 0, head_dim = 0, bytes = 2;
+  double flops_per_s = 0;
+  int ranks = 1;
+};
+
 struct Hardware {
   std::string name;    // short name, e.g. "h100"
   std::string source;  // where the figures came from (file, "calibrate", vendor docs)
@@ -79,14 +91,19 @@ struct Hardware {
   const Link& intra_link(bool staged) const { return staged && staged_intra_node.bandwidth > 0 ? staged_intra_node : intra_node; }
   Efficiency efficiency;
   std::vector<MeasuredGemm> gemm_table;  // empty: the curve alone
+  std::vector<MeasuredAttention> attention_table;  // empty: DeviceSpec::attention_rate alone
 
   double peak(const std::string& precision) const;  // "f32" | "bf16" | "fp8"; throws ConfigError
+  // The attention kernel's rate at B sequences of T tokens, heads / kv_heads of head_dim on a rank: a
+  // ranks = 1 attention_table entry of that T, heads, KV heads, head size and element size (the nearest
+  // B, which moves the rate least), else DeviceSpec::attention_rate; 0 when neither was measured.
+  double attention_rate(double B, double T, double heads, double kv_heads, double head_dim, bool bf16) const;
 };
 
 // One of `ranks` ranks sharing a one-device machine (a CPU machine whose cores a job's ranks split):
 // its share of the peaks, of the memory bandwidth and of the memory; its GEMM table is the one timed
 // per rank at that many ranks where the file has one (MeasuredGemm::ranks), else the whole device's
-// rates shared out. The device itself for ranks <= 1, less the per-rank entries.
+// rates shared out; its attention table likewise. The device itself for ranks <= 1, less the per-rank entries.
 Hardware rank_share(const Hardware& machine, int ranks);
 
 // A cluster: `count` devices of one kind.

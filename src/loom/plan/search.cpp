@@ -182,6 +182,7 @@ std::vector<Sensitivity> sensitivity(const Job& job, const Fixed& fixed, const L
        [](Hardware& h, double x) {
          h.device.peak_bf16 *= x, h.device.peak_fp8 *= x, h.device.peak_f32 *= x;
          for (auto& g : h.gemm_table) g.flops_per_s *= x;  // measured GEMM rates scale with the peak too
+         for (auto& a : h.attention_table) a.flops_per_s *= x;
        }},
       {"memory bandwidth", [](Hardware& h, double x) { h.device.memory_bandwidth *= x; }},
       {"memory capacity", [](Hardware& h, double x) { h.device.memory_bytes *= x; }},

@@ -134,7 +134,9 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
     lc.attn_core += gemm16({s, S / 2, hd, b * heads}) + gemm16({s, hd, S / 2, b * heads});
     // A device whose attention kernel was measured (`loom calibrate`: Loom's own, on a CPU) runs it at
     // that rate when it is below the GEMM curve's.
-    const double rate = hw.device.attention_rate(j.precision != "f32");
+    // At the model's own shape where calibrate timed it (a context-parallel rank's chunk is not one).
+    const bool bf16 = j.precision != "f32";
+    const double rate = l.cp == 1 ? hw.attention_rate(b, S, heads, kv_t / hd, hd, bf16) : hw.device.attention_rate(bf16);
     if (rate > 0) lc.attn_core = std::max(lc.attn_core, (lc.flops - before) / rate);
   } else {
     lc.attn_core += gemm16({s, S, hd, b * heads}) + gemm16({s, hd, S, b * heads});
