@@ -116,6 +116,43 @@ struct Reader {
   }
 };
 
+// One row of a measured table ([[gemm_table]], [[attention_table]]): its positive number fields and its
+// optional `ranks`, each error naming the row.
+struct MeasuredRow {
+  const toml::table& row;
+  std::string where;
+  double field(const char* key) const {
+    const auto v = row.get(key) ? row.get(key)->value<double>() : std::nullopt;
+    if (!v || !std::isfinite(*v) || *v <= 0 || *v > kMaxFigure)
+      throw ConfigError(fmt::format("{}: '{}' must be a positive number", where, key));
+    return *v;
+  }
+  int ranks() const {
+    const toml::node* r = row.get("ranks");
+    if (!r) return 1;
+    const auto v = r->value_exact<int64_t>();
+    if (!v || *v < 1 || *v > 65536)
+      throw ConfigError(where + ": 'ranks' must be an integer in [1, 65536] (the ranks sharing the device "
+                                "when the rate was timed per rank)");
+    return static_cast<int>(*v);
+  }
+};
+
+template <class Row>
+void for_each_measured_row(const toml::table& root, const char* key, const char* fields, const std::string& origin,
+                           Row&& row) {
+  const toml::node* t = root.get(key);
+  if (!t) return;
+  const toml::array* rows = t->as_array();
+  if (!rows) throw ConfigError(fmt::format("{}: '{}' must be an array of tables ([[{}]])", origin, key, key));
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const std::string where = fmt::format("{}: {}[{}]", origin, key, i);
+    const toml::table* r = (*rows)[i].as_table();
+    if (!r) throw ConfigError(fmt::format("{} must be a table with {}", where, fields));
+    row(MeasuredRow{*r, where});
+  }
+}
+
 }  // namespace
 
 Hardware parse_hardware(const std::string& text, const std::string& origin) {
@@ -167,59 +204,20 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
     throw ConfigError(fmt::format("{}: 'efficiency.overlap_slowdown' = {} must lie in [0, 1] (the fraction by which "
                                   "compute slows while a collective overlaps it)", origin, e.overlap_slowdown));
   hw.efficiency = e;
-  if (const toml::node* t = root.get("gemm_table")) {
-    const toml::array* rows = t->as_array();
-    if (!rows) throw ConfigError(origin + ": 'gemm_table' must be an array of tables ([[gemm_table]])");
-    for (size_t i = 0; i < rows->size(); ++i) {
-      const toml::table* row = (*rows)[i].as_table();
-      const std::string where = fmt::format("{}: gemm_table[{}]", origin, i);
-      if (!row) throw ConfigError(where + " must be a table with m, n, k, bytes and tflops");
-      auto field = [&](const char* key) {
-        const auto v = row->get(key) ? row->get(key)->value<double>() : std::nullopt;
-        if (!v || !std::isfinite(*v) || *v <= 0 || *v > kMaxFigure)
-          throw ConfigError(fmt::format("{}: '{}' must be a positive number", where, key));
-        return *v;
-      };
-      MeasuredGemm g{field("m"), field("n"), field("k"), field("bytes"), field("tflops") * T};
-      if (g.bytes != 1 && g.bytes != 2 && g.bytes != 4) throw ConfigError(where + ": 'bytes' must be 1, 2 or 4");
-      if (const toml::node* r = row->get("ranks")) {
-        const auto v = r->value_exact<int64_t>();
-        if (!v || *v < 1 || *v > 65536)
-          throw ConfigError(where + ": 'ranks' must be an integer in [1, 65536] (the ranks sharing the device "
-                                    "when the rate was timed per rank)");
-        g.ranks = static_cast<int>(*v);
-      }
-      hw.gemm_table.push_back(g);
-    }
-  }
-  if (const toml::node* t = root.get("attention_table")) {
-    const toml::array* rows = t->as_array();
-    if (!rows) throw ConfigError(origin + ": 'attention_table' must be an array of tables ([[attention_table]])");
-    for (size_t i = 0; i < rows->size(); ++i) {
-      const toml::table* row = (*rows)[i].as_table();
-      const std::string where = fmt::format("{}: attention_table[{}]", origin, i);
-      if (!row) throw ConfigError(where + " must be a table with b, t, heads, kv_heads, head_dim, bytes and tflops");
-      auto field = [&](const char* key) {
-        const auto v = row->get(key) ? row->get(key)->value<double>() : std::nullopt;
-        if (!v || !std::isfinite(*v) || *v <= 0 || *v > kMaxFigure)
-          throw ConfigError(fmt::format("{}: '{}' must be a positive number", where, key));
-        return *v;
-      };
-      MeasuredAttention a{field("b"), field("t"), field("heads"), field("kv_heads"), field("head_dim"), field("bytes"),
-                          field("tflops") * T};
-      if (a.bytes != 2 && a.bytes != 4) throw ConfigError(where + ": 'bytes' must be 2 (bf16 kernels) or 4 (f32)");
-      if (std::fmod(a.heads, a.kv_heads) != 0)
-        throw ConfigError(fmt::format("{}: heads = {} must be a multiple of kv_heads = {}", where, a.heads, a.kv_heads));
-      if (const toml::node* r = row->get("ranks")) {
-        const auto v = r->value_exact<int64_t>();
-        if (!v || *v < 1 || *v > 65536)
-          throw ConfigError(where + ": 'ranks' must be an integer in [1, 65536] (the ranks sharing the device "
-                                    "when the rate was timed per rank)");
-        a.ranks = static_cast<int>(*v);
-      }
-      hw.attention_table.push_back(a);
-    }
-  }
+  for_each_measured_row(root, "gemm_table", "m, n, k, bytes and tflops", origin, [&](const MeasuredRow& r) {
+    MeasuredGemm g{r.field("m"), r.field("n"), r.field("k"), r.field("bytes"), r.field("tflops") * T, r.ranks()};
+    if (g.bytes != 1 && g.bytes != 2 && g.bytes != 4) throw ConfigError(r.where + ": 'bytes' must be 1, 2 or 4");
+    hw.gemm_table.push_back(g);
+  });
+  for_each_measured_row(root, "attention_table", "b, t, heads, kv_heads, head_dim, bytes and tflops", origin,
+                        [&](const MeasuredRow& r) {
+    MeasuredAttention a{r.field("b"),        r.field("t"),     r.field("heads"),          r.field("kv_heads"),
+                        r.field("head_dim"), r.field("bytes"), r.field("tflops") * T, r.ranks()};
+    if (a.bytes != 2 && a.bytes != 4) throw ConfigError(r.where + ": 'bytes' must be 2 (bf16 kernels) or 4 (f32)");
+    if (std::fmod(a.heads, a.kv_heads) != 0)
+      throw ConfigError(fmt::format("{}: heads = {} must be a multiple of kv_heads = {}", r.where, a.heads, a.kv_heads));
+    hw.attention_table.push_back(a);
+  });
   if (hw.device.peak_bf16 <= 0 || hw.device.memory_bytes <= 0 || hw.device.memory_bandwidth <= 0 ||
       hw.intra_node.bandwidth <= 0 || hw.inter_node.bandwidth <= 0)
     throw ConfigError(origin + ": peaks, memory, bandwidths must be positive");
