@@ -309,13 +309,21 @@ int run_calibrate(const CalibrateOptions &o) {
       into.push_back(time_attention(1, 2048, 8, 128, bf16, budget, alloc));
     }
   }
+  // The models' layer kernels on the whole machine, timed in two halves: one now and one after the
+  // links and the per-rank kernels (20-40 s later), each shape's rounds pooled into one median. A slow
+  // phase of the development VM had covered a whole 6-second window once and put every layer GEMM of
+  // `mini` 26% slow (BENCHMARKS.md, the local loop); pooled over two windows, one phase moves at most
+  // half the rounds.
+  struct ModelKernels {
+    std::vector<LayerGemm> gemms;
+    std::vector<LayerAttention> attention;
+  };
+  std::vector<ModelKernels> model_kernels;
+  const double half_budget = (o.quick ? 0.01 : 0.2) / 2;
   for (const auto &config : o.models) {
-    auto shapes = model_layer_gemms(config);
-    auto gemms = time_layer_gemms(shapes, o.quick ? 0.01 : 0.2, alloc);
-    cal.engine_gemms.insert(cal.engine_gemms.end(), gemms.begin(), gemms.end());
-    auto layer_attention = model_layer_attention(config);
-    auto attention = time_layer_attention(layer_attention, o.quick ? 0.01 : 0.2, alloc);
-    cal.engine_attention.insert(cal.engine_attention.end(), attention.begin(), attention.end());
+    model_kernels.push_back({model_layer_gemms(config), model_layer_attention(config)});
+    time_layer_gemms(model_kernels.back().gemms, half_budget, alloc);
+    time_layer_attention(model_kernels.back().attention, half_budget, alloc);
   }
   cal.elementwise_bytes_per_s = time_elementwise(o.quick ? (1 << 20) : (16 << 20), o.quick ? 2 : 4);
 
@@ -337,6 +345,13 @@ int run_calibrate(const CalibrateOptions &o) {
         cal.engine_attention.insert(cal.engine_attention.end(), per_rank.attention.begin(), per_rank.attention.end());
       }
     }
+
+  for (auto &k : model_kernels) {
+    auto gemms = time_layer_gemms(k.gemms, half_budget, alloc);
+    cal.engine_gemms.insert(cal.engine_gemms.end(), gemms.begin(), gemms.end());
+    auto attention = time_layer_attention(k.attention, half_budget, alloc);
+    cal.engine_attention.insert(cal.engine_attention.end(), attention.begin(), attention.end());
+  }
 
   // Checked before and after, since other work may start or stop meanwhile.
   share = std::min(share, core_share(cal.threads));

@@ -93,13 +93,16 @@ std::vector<LayerGemm> model_layer_gemms(const std::string& config);
 // The attention shapes of the model in `config` at the rows model_layer_gemms takes (B = those rows / T)
 // and tp in {1, 2} where tp divides the heads.
 std::vector<LayerAttention> model_layer_attention(const std::string& config);
-// Their rates, timed as time_layer_gemms times the GEMMs (round-robin, cold, median of the rounds).
+// Their rates, timed as time_layer_gemms times the GEMMs (round-robin, cold, median of the rounds, the
+// rounds of earlier calls on the same shapes pooled in).
 std::vector<plan::MeasuredAttention> time_layer_attention(std::vector<LayerAttention>& shapes, double budget,
                                                           Allocator& alloc);
 
 // Times every shape by the median over rounds, each round visiting every shape once (the first round
 // creates the primitives and is not counted), until `budget` seconds per shape have passed (at least 5
-// counted rounds). The rates are those of this process's threads.
+// counted rounds). The rates are those of this process's threads. The rounds accumulate in each shape's
+// `times`: a second call on the same shapes pools its rounds with the first's (loom calibrate times
+// two windows apart).
 std::vector<plan::MeasuredGemm> time_layer_gemms(std::vector<LayerGemm>& shapes, double budget, Allocator& alloc);
 
 }  // namespace loom::cli
