@@ -66,6 +66,10 @@ TEST(ModelZoo, LargeModelsHaveTheirPublishedSizes) {
   EXPECT_EQ(count_params(plan_model("mpt-1b")).total, 1328533504);
   EXPECT_EQ(count_params(plan_model("mpt-3b")).total, 2667566080);
   EXPECT_EQ(count_params(plan_model("mpt-7b")).total, 6684024832);
+  // ALiBi: the table follows the job's sequence, as the tables' NumParams at 2K and 64K do.
+  EXPECT_EQ(count_params(plan_model("mpt-7b").at_sequence(2048)).total, 6658859008);
+  EXPECT_EQ(count_params(plan_model("mpt-7b").at_sequence(65536)).total, 6918905856);
+  EXPECT_EQ(plan_model("gpt3-175b").at_sequence(8192).cfg.max_seq, 2048) << "a learned table does not grow";
 }
 
 TEST(ModelZoo, UnknownModelIsAOneLineConfigError) {

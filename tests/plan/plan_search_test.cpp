@@ -98,6 +98,12 @@ TEST(Search, LongerThanTheContextIsPlannedForRotaryModelsWithContextParallelism)
   Job engine = job("llama-mini", "a100:8", 512, 8);
   engine.software.loom_engine = true;
   EXPECT_NE(error_of([&] { search(engine, {}, 5); }).find("Loom's engine trains up to it"), std::string::npos);
+  // ALiBi (MPT) has no context limit: its planner table follows the sequence, so 64K is planned.
+  Job alibi = job("mpt-7b", "h100:8", 65536, 16);
+  alibi.model = alibi.model.at_sequence(alibi.seq);
+  r = search(alibi, {}, 3);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings[0];
 }
 
 TEST(Search, MoreBandwidthOrFlopsNeverSlowsTheChosenLayout) {

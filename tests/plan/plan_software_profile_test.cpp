@@ -12,6 +12,7 @@
 #include "loom/error.h"
 #include "loom/plan/search.h"
 #include "loom/plan/software_profile.h"
+#include "loom/plan/time_model.h"
 #include "loom/plan/validation.h"
 
 namespace loom::plan {
@@ -136,6 +137,26 @@ TEST(SoftwareProfile, CurrentFp8ScalingCostsAnAmaxPassMoreThanDelayed) {
   ASSERT_EQ(a.layout.str(), b.layout.str());
   EXPECT_GT(b.time.memory_bound, a.time.memory_bound);
   EXPECT_EQ(b.time.model_flops, a.time.model_flops);
+}
+
+// The attention kernel: FlashAttention-2 class by default; "triton" (llm-foundry's MPT) runs the
+// attention core 1.8x slower (the FlashAttention-2 paper's range, not fitted) and nothing else; the
+// profile line names it, and an unknown kernel is refused naming the valid ones.
+TEST(SoftwareProfile, ATritonAttentionKernelRunsTheAttentionCoreSlowerAndNothingElse) {
+  Job fa2 = job("pytorch-fsdp"), triton = fa2;
+  EXPECT_EQ(fa2.software.attention_kernel, "flash2");
+  set_attention_kernel(triton.software, "triton");
+  const Layout l{.dp = 16, .micro_batch = 1, .zero = 3, .recompute = Recompute::Full};
+  const StepTime a = step_time(l, fa2), b = step_time(l, triton);
+  EXPECT_NEAR(b.attention / a.attention, 1.8, 1e-9);
+  EXPECT_DOUBLE_EQ(b.compute, a.compute);
+  EXPECT_DOUBLE_EQ(b.model_flops, a.model_flops);
+  EXPECT_GT(b.total, a.total);
+  EXPECT_NE(describe(triton.software).find("flash (triton) attention"), std::string::npos) << describe(triton.software);
+  const Software t = parse_software_profile("[software]\nbase = \"pytorch-fsdp\"\nattention_kernel = \"triton\"\n", "t.toml");
+  EXPECT_DOUBLE_EQ(t.attention_speed, 1 / 1.8);
+  EXPECT_EQ(error_of([] { parse_software_profile("[software]\nattention_kernel = \"fa9\"\n", "p.toml"); }),
+            "p.toml: software.attention_kernel = \"fa9\" is not a known attention kernel (valid: flash2, triton)");
 }
 
 // Collectives that run on the compute cores (a CPU machine shared by its ranks) are never hidden: the

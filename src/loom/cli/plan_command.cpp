@@ -203,6 +203,7 @@ int run_plan(const PlanOptions& o) {
   job.cluster = plan::resolve_cluster(o.cluster, hardware_dirs());
   // bf16-pure computes as bf16 and holds its state in bf16 alone (no fp32 master).
   job.seq = o.seq, job.global_batch = o.global_batch, job.precision = o.precision == "bf16-pure" ? "bf16" : o.precision;
+  job.model = job.model.at_sequence(job.seq);
   // --engine NAME is the older spelling of --software NAME.
   if (!o.engine.empty() && !o.software.empty() && o.engine != o.software)
     throw ConfigError("--engine " + o.engine + " and --software " + o.software + " disagree: give one (--engine is --software)");

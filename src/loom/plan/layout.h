@@ -39,6 +39,10 @@ struct Layout {
 struct Software {
   std::string profile = "megatron";  // the profile's name, printed with every prediction
   bool flash_attention = true;  // false: the T x T scores are written to memory (Megatron 2021-22)
+  // Which flash-attention kernel, and its speed relative to FlashAttention-2 (what the GEMM curve
+  // prices): set_attention_kernel.
+  std::string attention_kernel = "flash2";
+  double attention_speed = 1;
   bool dropout = false;         // dropout after attention and MLP (masks stored, bytes moved)
   bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)
@@ -85,6 +89,13 @@ struct Software {
   // whose rows do not call for it.
   double no_recompute_slowdown = 0;
 };
+
+// Sets Software::attention_kernel and its speed: "flash2" (1: FlashAttention-2 and kernels of its class:
+// PyTorch SDPA, Megatron-Core and NeMo on A100), or "triton" (1 / 1.8: the Triton FlashAttention of 2022
+// that llm-foundry's MPT runs to take ALiBi's bias; the FlashAttention-2 paper, Dao 2023, section 4.1,
+// measures FA2 1.3-2.5x faster than it, and 1.8 is that range's geometric mean, not fitted to any
+// row). Throws ConfigError naming the valid kernels.
+void set_attention_kernel(Software& s, const std::string& kernel);
 
 struct Job {
   PlanModel model;

@@ -15,6 +15,17 @@ namespace loom::plan {
 struct PlanModel {
   spec::TransformerConfig cfg;
   std::string source;  // where the shape comes from
+  // ALiBi (MPT): no position table and no context limit. The planner keeps GPT-2's table with one row
+  // per token of the planned sequence, as llm-foundry's NumParams counts it (MPT 7B: 6,658,859,008 at
+  // 2K, 6,918,905,856 at 64K), so a longer sequence is never refused.
+  bool positions_follow_sequence = false;
+
+  // The model as a job of `seq` tokens holds it: max_seq = seq where positions_follow_sequence.
+  PlanModel at_sequence(int64_t seq) const {
+    PlanModel m = *this;
+    if (positions_follow_sequence && seq > 0) m.cfg.max_seq = seq;
+    return m;
+  }
 
   bool is_moe() const { return cfg.moe.enabled(); }
   int64_t n_experts() const { return is_moe() ? cfg.moe.experts : 1; }  // experts per MoE block (1: dense)

@@ -31,7 +31,7 @@ Software named(const std::string& name) {
   }
   if (name == "pytorch-fsdp") {  // PyTorch FSDP stacks (Composer/llm-foundry, fms-fsdp): SDPA, no TP/SP
     s.sequence_parallel = false;
-    s.no_recompute_slowdown = 0.18;  // in-sample fit (`loom plan --validate`, docs/planner.md)
+    s.no_recompute_slowdown = 0.15;  // in-sample fit (`loom plan --validate`, docs/planner.md)
     return s;
   }
   if (name == "neuron") {  // NeuronX Distributed's ZeRO-1 optimizer; no ZeRO-2/3
@@ -107,13 +107,20 @@ Software parse_software_profile(const std::string& text, const std::string& orig
                                     "runs slower than its kernels' sum)");
     s.no_recompute_slowdown = *v;
   }
+  if (t->contains("attention_kernel")) {
+    try {
+      set_attention_kernel(s, string("attention_kernel", s.attention_kernel));
+    } catch (const ConfigError& e) {
+      fail("attention_kernel", std::string("= ") + e.what());
+    }
+  }
   s.fp8_recipe = string("fp8_recipe", s.fp8_recipe);
   if (s.fp8_recipe != "delayed" && s.fp8_recipe != "current" && s.fp8_recipe != "blockwise")
     fail("fp8_recipe", "= \"" + s.fp8_recipe + "\" is not \"delayed\", \"current\" or \"blockwise\"");
   for (const auto& [key, value] : *t) {
     static const char* const known[] = {"base", "name", "flash_attention", "dropout", "dp_overlap", "tp_overlap",
                                         "sequence_parallel", "zero_bubble", "max_zero", "grad_bytes", "recompute",
-                                        "fp8_recipe", "no_recompute_slowdown"};
+                                        "fp8_recipe", "no_recompute_slowdown", "attention_kernel"};
     if (std::find(std::begin(known), std::end(known), key.str()) == std::end(known))
       fail(std::string(key.str()), "is not a software profile key");
   }
@@ -129,10 +136,23 @@ Software software_profile(const std::string& name_or_file) {
   return parse_software_profile(text.str(), name_or_file);
 }
 
+void set_attention_kernel(Software& s, const std::string& kernel) {
+  if (kernel == "flash2")
+    s.attention_speed = 1;
+  else if (kernel == "triton")
+    s.attention_speed = 1 / 1.8;
+  else
+    throw ConfigError("\"" + kernel + "\" is not a known attention kernel (valid: flash2, triton)");
+  s.attention_kernel = kernel;
+}
+
 std::string describe(const Software& s) {
+  const std::string attention = !s.flash_attention               ? "materialised"
+                                : s.attention_kernel == "flash2" ? "flash"
+                                                                 : "flash (" + s.attention_kernel + ")";
   return fmt::format("{} ({} attention{}, DP {}, TP {}, SP {}, ZeRO up to {}, recompute {}, gradients reduced in {} bytes, "
                      "fp8 {}{}{}{}{})",
-                     s.profile, s.flash_attention ? "flash" : "materialised", s.dropout ? " with dropout" : "",
+                     s.profile, attention, s.dropout ? " with dropout" : "",
                      s.dp_overlap ? "overlapped" : "exposed", s.tp_overlap ? "overlapped (with SP)" : "exposed",
                      s.sequence_parallel ? "searched" : "never", s.max_zero,
                      s.recompute ? std::string(recompute_name(*s.recompute)) : "searched", s.grad_bytes, s.fp8_recipe,

@@ -276,6 +276,7 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
       throw ConfigError(fmt::format("{}: validation row '{}': {}", origin, r.name, e.what()));  // unknown model, hardware
     }
     r.job.seq = in.integer("seq", kMaxCount);
+    r.job.model = r.job.model.at_sequence(r.job.seq);
     // A published run fit its devices, so the planner's safety margin (10%, for plans not yet run)
     // would only push unstated knobs (recompute) to costlier choices than the run made. Kept: 5% for
     // the runtime (CUDA / Neuron context, communicator buffers).
@@ -298,6 +299,13 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
         r.job.software.dp_overlap = false, r.job.software.grad_bytes = 4;
       else
         in.fail("ddp", "= \"" + ddp + "\" is not \"local\" or \"torch\"");
+    }
+    if (t->contains("attention_kernel")) {
+      try {
+        set_attention_kernel(r.job.software, in.string("attention_kernel", "flash2"));
+      } catch (const ConfigError& e) {
+        in.fail("attention_kernel", std::string("= ") + e.what());
+      }
     }
     r.set = in.string("set", "in-sample");
     if (r.set != "in-sample" && r.set != "held-out") in.fail("set", "= \"" + r.set + "\" is not \"in-sample\" or \"held-out\"");
@@ -342,7 +350,7 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
     if (r.tokens_per_s_per_device && (r.tflops_96 || r.iteration_full_s || r.iteration_selective_s))
       in.fail("tokens_per_s_per_device", "cannot share a row with the Megatron-paper figures (tflops_96, iteration_*_s)");
     for (const auto& [key, value] : *t) {
-      static const char* const known[] = {"name", "model", "hardware", "devices", "seq", "global_batch", "software", "ddp",
+      static const char* const known[] = {"name", "model", "hardware", "devices", "seq", "global_batch", "software", "ddp", "attention_kernel",
                                           "set", "source", "precision", "tp", "pp", "cp", "zero", "recompute",
                                           "micro_batch", "vpp", "tflops_96", "iteration_full_s", "iteration_selective_s",
                                           "mfu", "state_GiB", "activations_none_GiB", "activations_selective_GiB",
