@@ -214,6 +214,22 @@ TEST(PlanCli, PrintsJsonForAJobAndOneLineErrors) {
             "recompute=full --top 1 --explain",
             rc);
   EXPECT_NE(out.find("blocks per pipeline chunk 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7"), std::string::npos) << out;
+  // MPT at 64K tokens (its table follows the sequence) with llm-foundry's Triton attention: planned, the
+  // kernel named on the profile line, slower than as FlashAttention-2; an unknown kernel refused.
+  const std::string mpt = "plan --model mpt-7b --cluster h100:8 --seq 65536 --global-batch 16 --software pytorch-fsdp "
+                          "--fix tp=1 pp=1 dp=8 mb=1 zero=3 recompute=full --top 1 --json";
+  out = run(mpt + " --attention-kernel triton", rc);
+  ASSERT_EQ(rc, 0) << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_NE(j["software_assumptions"].get<std::string>().find("flash (triton) attention"), std::string::npos) << out;
+  const double triton = j["layouts"][0]["tokens_per_s"].get<double>();
+  out = run(mpt, rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_GT(nlohmann::json::parse(out)["layouts"][0]["tokens_per_s"].get<double>(), 1.3 * triton);
+  out = run(mpt + " --attention-kernel fa3", rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("--attention-kernel \"fa3\" is not a known attention kernel (valid: flash2, triton)"),
+            std::string::npos) << out;
   out = run("plan --model nope --cluster a100 --seq 2048 --global-batch 8", rc);
   EXPECT_EQ(rc, 1);
   EXPECT_EQ(out.find("loom: error: unknown model 'nope'"), 0u) << out;

@@ -154,7 +154,12 @@ TEST(SoftwareProfile, ATritonAttentionKernelRunsTheAttentionCoreSlowerAndNothing
   EXPECT_GT(b.total, a.total);
   EXPECT_NE(describe(triton.software).find("flash (triton) attention"), std::string::npos) << describe(triton.software);
   const Software t = parse_software_profile("[software]\nbase = \"pytorch-fsdp\"\nattention_kernel = \"triton\"\n", "t.toml");
-  EXPECT_DOUBLE_EQ(t.attention_speed, 1 / 1.8);
+  EXPECT_DOUBLE_EQ(t.attention_speed(), 1 / 1.8);
+  EXPECT_EQ(error_of([] {
+              parse_software_profile("[software]\nflash_attention = false\nattention_kernel = \"triton\"\n", "p.toml");
+            }),
+            "p.toml: software.attention_kernel names a flash-attention kernel, but flash_attention = false "
+            "(materialised scores)");
   EXPECT_EQ(error_of([] { parse_software_profile("[software]\nattention_kernel = \"fa9\"\n", "p.toml"); }),
             "p.toml: software.attention_kernel = \"fa9\" is not a known attention kernel (valid: flash2, triton)");
 }

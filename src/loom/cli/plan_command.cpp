@@ -24,7 +24,7 @@ namespace loom::cli {
 namespace {
 
 struct PlanOptions {
-  std::string model, cluster, precision = "bf16", engine, software, pipeline_layers;
+  std::string model, cluster, precision = "bf16", engine, software, pipeline_layers, attention_kernel;
   std::vector<std::string> validate;
   double moe_imbalance = 1.0;
   int64_t seq = 0, global_batch = 0;
@@ -211,6 +211,16 @@ int run_plan(const PlanOptions& o) {
   job.software.bf16_weights_only = o.precision == "bf16-pure";
   job.software.moe_imbalance = o.moe_imbalance;
   if (o.tp_overlap) job.software.tp_overlap = true;
+  if (!o.attention_kernel.empty()) {
+    if (!job.software.flash_attention)
+      throw ConfigError("--attention-kernel " + o.attention_kernel + ": the " + job.software.profile +
+                        " profile materialises the attention scores (no flash kernel to choose)");
+    try {
+      plan::set_attention_kernel(job.software, o.attention_kernel);
+    } catch (const ConfigError& e) {
+      throw ConfigError("--attention-kernel " + std::string(e.what()));
+    }
+  }
   job.software.pipeline_layers = spec::parse_layer_counts(o.pipeline_layers, "--pipeline-layers");
   if (job.software.loom_engine && job.precision != "bf16")
     throw ConfigError("--software loom plans bf16 training (Loom's fp8 is an emulation of the numerics, not fp8 GEMMs); "
@@ -314,6 +324,9 @@ void register_plan(CLI::App& app, Action& action) {
   cmd->add_option("--moe-imbalance", o->moe_imbalance,
                   "MoE: the busiest expert-parallel rank's routed tokens over the mean (default 1: uniform routing)")
       ->check(finite_range(1.0, 64.0));
+  cmd->add_option("--attention-kernel", o->attention_kernel,
+                  "the stack's flash attention: flash2 (FlashAttention-2 class, the default) or triton (the 2022 "
+                  "Triton kernel llm-foundry's MPT runs: 1.8x slower)");
   cmd->add_flag("--tp-overlap", o->tp_overlap,
                 "TP/SP collectives run under the GEMMs in chunks (Megatron-Core --tp-comm-overlap; needs sequence "
                 "parallelism); default: exposed");

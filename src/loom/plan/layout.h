@@ -39,10 +39,10 @@ struct Layout {
 struct Software {
   std::string profile = "megatron";  // the profile's name, printed with every prediction
   bool flash_attention = true;  // false: the T x T scores are written to memory (Megatron 2021-22)
-  // Which flash-attention kernel, and its speed relative to FlashAttention-2 (what the GEMM curve
-  // prices): set_attention_kernel.
+  // Which flash-attention kernel (set_attention_kernel); attention_speed() is its speed relative to
+  // FlashAttention-2, what the GEMM curve prices.
   std::string attention_kernel = "flash2";
-  double attention_speed = 1;
+  double attention_speed() const;
   bool dropout = false;         // dropout after attention and MLP (masks stored, bytes moved)
   bool dp_overlap = true;       // gradient reduction overlaps the last micro-batch's backward
   bool tp_overlap = false;      // TP/SP collectives overlap GEMMs (none do here: exposed)

@@ -33,7 +33,7 @@ PlanModel gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t h
 
 // MPT's planner shape: GPT-2's parameter layout (biases are < 0.1% of its parameters) with a position
 // table of one row per token of the job's sequence (PlanModel::positions_follow_sequence; 8K rows as
-// listed); ALiBi itself has no table and no limit.
+// listed): llm-foundry sizes it to max_seq_len, and ALiBi sets no limit.
 PlanModel mpt(const std::string& name, int64_t layers, int64_t d, int64_t heads) {
   PlanModel m = megatron_gpt(name, layers, d, heads, 8192);
   m.positions_follow_sequence = true;
@@ -76,7 +76,7 @@ const std::map<std::string, std::function<PlanModel()>>& zoo() {
       {"llama2-70b", [] { return dense_llama("llama2-70b", 32000, 4096, 8192, 80, 64, 8, 28672, 10000,
                                              "Touvron et al. 2023 (Llama 2) Table 1; meta-llama/Llama-2-70b config.json"); }},
       // MosaicML MPT (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): GPT-style blocks with ALiBi (no
-      // position table, so any sequence length: see mpt()), no biases, FFN 4x, tied embeddings, vocab 50,368.
+      // context limit: see mpt()), no biases, FFN 4x, tied embeddings, vocab 50,368.
       {"mpt-760m", [] { return mpt("mpt-760m", 24, 1536, 12); }},
       {"mpt-1b", [] { return mpt("mpt-1b", 24, 2048, 16); }},
       {"mpt-3b", [] { return mpt("mpt-3b", 32, 2560, 20); }},

@@ -15,9 +15,9 @@ namespace loom::plan {
 struct PlanModel {
   spec::TransformerConfig cfg;
   std::string source;  // where the shape comes from
-  // ALiBi (MPT): no position table and no context limit. The planner keeps GPT-2's table with one row
-  // per token of the planned sequence, as llm-foundry's NumParams counts it (MPT 7B: 6,658,859,008 at
-  // 2K, 6,918,905,856 at 64K), so a longer sequence is never refused.
+  // MPT (llm-foundry): ALiBi positions, with a learned table beside them sized to the run's
+  // max_seq_len, so no context limit: the table holds one row per token of the planned sequence, as
+  // llm-foundry's NumParams counts it (MPT 7B: 6,658,859,008 at 2K, 6,918,905,856 at 64K).
   bool positions_follow_sequence = false;
 
   // The model as a job of `seq` tokens holds it: max_seq = seq where positions_follow_sequence.

@@ -113,6 +113,8 @@ Software parse_software_profile(const std::string& text, const std::string& orig
     } catch (const ConfigError& e) {
       fail("attention_kernel", std::string("= ") + e.what());
     }
+    if (!s.flash_attention && s.attention_kernel != "flash2")
+      fail("attention_kernel", "names a flash-attention kernel, but flash_attention = false (materialised scores)");
   }
   s.fp8_recipe = string("fp8_recipe", s.fp8_recipe);
   if (s.fp8_recipe != "delayed" && s.fp8_recipe != "current" && s.fp8_recipe != "blockwise")
@@ -136,14 +138,27 @@ Software software_profile(const std::string& name_or_file) {
   return parse_software_profile(text.str(), name_or_file);
 }
 
+namespace {
+// Each kernel's speed against FlashAttention-2 (Software::attention_kernel; the sources are in layout.h).
+constexpr std::pair<const char*, double> kAttentionKernels[] = {{"flash2", 1.0}, {"triton", 1 / 1.8}};
+}  // namespace
+
+double Software::attention_speed() const {
+  for (const auto& [name, speed] : kAttentionKernels)
+    if (attention_kernel == name) return speed;
+  throw ConfigError("internal: attention kernel \"" + attention_kernel + "\" has no speed");
+}
+
 void set_attention_kernel(Software& s, const std::string& kernel) {
-  if (kernel == "flash2")
-    s.attention_speed = 1;
-  else if (kernel == "triton")
-    s.attention_speed = 1 / 1.8;
-  else
-    throw ConfigError("\"" + kernel + "\" is not a known attention kernel (valid: flash2, triton)");
-  s.attention_kernel = kernel;
+  std::string valid;
+  for (const auto& [name, speed] : kAttentionKernels) {
+    if (kernel == name) {
+      s.attention_kernel = kernel;
+      return;
+    }
+    valid += (valid.empty() ? "" : ", ") + std::string(name);
+  }
+  throw ConfigError("\"" + kernel + "\" is not a known attention kernel (valid: " + valid + ")");
 }
 
 std::string describe(const Software& s) {

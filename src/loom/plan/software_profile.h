@@ -21,11 +21,12 @@
 // A custom profile is a TOML file with a [software] table: `base` (a named profile to start from) and
 // any of name, flash_attention, dropout, dp_overlap, tp_overlap, sequence_parallel (booleans),
 // max_zero (0-3), grad_bytes (2 or 4), recompute ("search", "none", "selective", "full"), fp8_recipe ("delayed",
-// "current", "blockwise"), no_recompute_slowdown (0-1).
+// "current", "blockwise"), no_recompute_slowdown (0-1), attention_kernel ("flash2", "triton"; flash only).
 //
 //   pytorch-fsdp   PyTorch FSDP stacks (Composer / llm-foundry, fms-fsdp): flash (SDPA) attention, no TP
 //                  or SP, fp32 gradient reduction, overlapped; runs without full activation recompute
-//                  18% slower than their kernels' sum (fitted, Software::no_recompute_slowdown).
+//                  15% slower than their kernels' sum (fitted, Software::no_recompute_slowdown).
+//                  llm-foundry's MPT runs its Triton FlashAttention: attention_kernel = "triton".
 #pragma once
 
 #include <string>

@@ -132,7 +132,7 @@ LayerCost layer_cost(const Layout& l, const Job& j, double peak) {
   if (sw.flash_attention) {
     const double before = lc.flops;
     // A kernel slower than FlashAttention-2 (Software::attention_speed) takes that much longer.
-    lc.attn_core += (gemm16({s, S / 2, hd, b * heads}) + gemm16({s, hd, S / 2, b * heads})) / sw.attention_speed;
+    lc.attn_core += (gemm16({s, S / 2, hd, b * heads}) + gemm16({s, hd, S / 2, b * heads})) / sw.attention_speed();
     // A device whose attention kernel was measured (`loom calibrate`: Loom's own, on a CPU) runs it at
     // that rate when it is below the GEMM curve's.
     // At the model's own shape where calibrate timed it (a context-parallel rank's chunk is not one).

@@ -306,6 +306,8 @@ std::vector<ValidationRow> parse_validation(const std::string& text, const std::
       } catch (const ConfigError& e) {
         in.fail("attention_kernel", std::string("= ") + e.what());
       }
+      if (!r.job.software.flash_attention && r.job.software.attention_kernel != "flash2")
+        in.fail("attention_kernel", "names a flash-attention kernel, but the row's software materialises the scores");
     }
     r.set = in.string("set", "in-sample");
     if (r.set != "in-sample" && r.set != "held-out") in.fail("set", "= \"" + r.set + "\" is not \"in-sample\" or \"held-out\"");
