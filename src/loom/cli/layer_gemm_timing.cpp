@@ -70,6 +70,11 @@ double AttentionOperands::run_once(ColdCaches& cold, Allocator& alloc) {
          });
 }
 
+size_t AttentionOperands::bytes(const kernels::AttentionShape& s) {
+  // qkv and dqkv, out and dout, lse: as the constructor sizes them.
+  return sizeof(float) * static_cast<size_t>(s.B * s.T * (2 * (s.H + 2 * s.KVH) * s.D + 2 * s.H * s.D + s.H));
+}
+
 double AttentionOperands::flops(const kernels::AttentionShape& s) {
   return kernels::attention_cost(s, false).flops + kernels::attention_cost(s, true).flops;
 }
@@ -131,8 +136,7 @@ std::vector<plan::MeasuredAttention> time_layer_attention(std::vector<LayerAtten
   std::vector<bool> keep(shapes.size());
   size_t kept = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto& s = shapes[i].shape;
-    const auto bytes = sizeof(float) * static_cast<size_t>(s.B * s.T * (2 * (s.H + 2 * s.KVH) + 3 * s.H + s.H));
+    const size_t bytes = AttentionOperands::bytes(shapes[i].shape);
     if (kept + bytes <= kKeepBytes) keep[i] = true, kept += bytes;
   }
   time_round_robin(shapes.size(), budget * static_cast<double>(shapes.size()), [&](size_t i, bool counted) {

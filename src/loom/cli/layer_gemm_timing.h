@@ -69,6 +69,7 @@ class AttentionOperands {
   double run_once(ColdCaches& cold, Allocator& alloc);  // seconds of one forward + backward
   double flops() const { return flops(s_); }  // the kernels' declared FLOPs of the two
   static double flops(const kernels::AttentionShape& s);
+  static size_t bytes(const kernels::AttentionShape& s);  // what the operands of one shape hold
 
  private:
   kernels::AttentionShape s_;
