@@ -23,7 +23,7 @@ auto run(const std::string& args) { return run_loom(args); }
 
 TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {
   auto dir = scratch("run");
-  auto trace = dir / "trace.json";
+  auto trace = dir / "traces" / "trace.json";  // a folder that does not exist yet is made
   auto r = run("train --config " LOOM_SOURCE_DIR
                "/configs/tiny.toml --set train.steps=8 --set train.eval_every=4 --set train.out_dir=" +
                dir.string() + " --trace " + trace.string() + " --json");
@@ -58,6 +58,25 @@ TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {
   for (auto& ev : t["traceEvents"])
     if (ev.value("cat", "") == "gemm") saw_gemm = ev["args"]["flops"].get<double>() > 0 || saw_gemm;
   EXPECT_TRUE(saw_gemm);
+  fs::remove_all(dir);
+}
+
+// A trace path that cannot be written is refused before the first step (it was refused after the
+// whole run, losing its trace), and nothing of the run is written.
+TEST(TrainCli, AnUnwritableTracePathIsRefusedBeforeAnyWork) {
+  auto dir = scratch("bad-trace");
+  fs::create_directories(dir);
+  std::ofstream(dir / "a-file") << "x";
+  for (const auto& [trace, expect] : std::vector<std::pair<fs::path, std::string>>{
+           {dir / "a-file" / "trace.json", "cannot create the folder"}, {dir, "is a folder"}}) {
+    auto r = run("train --set model.preset=tiny --set train.steps=2 --set train.out_dir=" + (dir / "out").string() +
+                 " --save-dir " + (dir / "ck").string() + " --trace " + trace.string() + " -q");
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("loom: error: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(dir / "ck")) << "a checkpoint was written before the refusal";
+    EXPECT_FALSE(fs::exists(dir / "out" / "metrics.jsonl"));
+  }
   fs::remove_all(dir);
 }
 

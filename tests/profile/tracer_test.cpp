@@ -72,6 +72,27 @@ TEST(Tracer, ChromeTraceIsValidJsonWithCompleteEvents) {
   EXPECT_THROW(t.write_chrome_trace("/nonexistent-dir/x.json"), IoError);
 }
 
+// The check a traced run makes before its first step: folders are made, an existing trace is left as
+// it is, and a path that cannot hold a file is refused.
+TEST(Tracer, PrepareTraceFileMakesTheFolderAndRefusesPathsThatCannotBeWritten) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("loom-trace-prep-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Tracer::prepare_trace_file((dir / "a" / "b" / "trace.json").string());
+  EXPECT_TRUE(fs::is_directory(dir / "a" / "b"));
+  EXPECT_FALSE(fs::exists(dir / "a" / "b" / "trace.json"));  // nothing created or truncated
+  std::ofstream(dir / "old.json") << "kept";
+  Tracer::prepare_trace_file((dir / "old.json").string());
+  std::ifstream old(dir / "old.json");
+  std::string kept;
+  old >> kept;
+  EXPECT_EQ(kept, "kept");
+  EXPECT_THROW(Tracer::prepare_trace_file((dir / "old.json" / "x.json").string()), IoError);
+  EXPECT_THROW(Tracer::prepare_trace_file(dir.string()), IoError);
+  EXPECT_THROW(Tracer::prepare_trace_file((dir / "a" / "").string()), IoError);
+  fs::remove_all(dir);
+}
+
 // Spans carry where they ran: the unit, micro-batch and pass the calling thread set (scoped, restored
 // after), written as trace args and read back; another thread's context is its own.
 TEST(Tracer, SpansCarryTheirUnitMicroBatchAndPass) {

@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <system_error>
+
+#include <unistd.h>
 
 #include "loom/error.h"
 
@@ -133,6 +137,27 @@ void Tracer::write_chrome_trace_parts(const std::string& path, const std::vector
   for (const auto& p : parts) std::fwrite(p.data(), 1, p.size(), f.get());
   fmt::print(f.get(), "\n]}}\n");
   if (std::ferror(f.get())) throw IoError("error writing trace file '" + path + "' (disk full?)");
+}
+
+void Tracer::prepare_trace_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  if (file.filename().empty())
+    throw IoError("trace file '" + path + "' names a folder: give a file name, e.g. " + (file / "trace.json").string());
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw IoError("cannot create the folder '" + dir.string() + "' for the trace file '" + path + "'" +
+                  (ec ? " (" + ec.message() + ")" : std::string()) + ": give a trace path in a writable folder");
+  if (fs::is_directory(file))
+    throw IoError("trace file '" + path + "' is a folder: give a file name, e.g. " + (file / "trace.json").string());
+  // access() rather than opening the file: an existing trace is only replaced once the run has one.
+  const bool writable = fs::exists(file) ? ::access(file.c_str(), W_OK) == 0 : ::access(dir.c_str(), W_OK | X_OK) == 0;
+  if (!writable)
+    throw IoError("cannot write the trace file '" + path + "': " +
+                  (fs::exists(file) ? "the file is read-only" : "the folder '" + dir.string() + "' is not writable") +
+                  "; give a trace path in a writable folder");
 }
 
 void Tracer::write_chrome_trace(const std::string& path) const {

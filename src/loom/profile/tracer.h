@@ -117,6 +117,10 @@ class Tracer {
   int64_t dropped_events() const;
   // Writes a Chrome trace file from the parts chrome_events_json produced (one per rank).
   static void write_chrome_trace_parts(const std::string& path, const std::vector<std::string>& parts, int64_t dropped);
+  // Before a traced run starts: creates the trace file's folder and checks the file can be written
+  // there (without touching an existing file), so a bad path is refused before any work rather than
+  // after the run, when the trace would be lost. Throws loom::IoError naming the path and the fix.
+  static void prepare_trace_file(const std::string& path);
 
  private:
   static constexpr size_t kMaxEvents = 4'000'000;  // ~200 MB of JSON; later events are counted, not kept

@@ -107,6 +107,8 @@ SessionSummary Session::run() {
     if (sum.lead) out_.note(line);
   };
 
+  // Rank 0 writes the trace (the merged one of a multi-rank job): its path is checked before any work.
+  if (!cfg.trace.file.empty() && job.rank == 0) profile::Tracer::prepare_trace_file(cfg.trace.file);
   profile::Tracer tracer(!cfg.trace.file.empty() ? profile::Tracer::Mode::Full
                          : cfg.trace.summary    ? profile::Tracer::Mode::Summary
                                                 : profile::Tracer::Mode::Off,
