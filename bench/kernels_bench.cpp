@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,29 +114,39 @@ LOOM_GEMM_BENCH(bf16_bwd_weight, DType::BF16, Pass::BackwardWeight);
 // Causal attention, forward and backward, at mini's shape (B 8, T 256) and at T 1024 / 2048 (one
 // sequence): the f32 kernels and the bf16 ones (bf16 operands, f32 accumulation; the f32 kernels where
 // the CPU has no bf16 dot products), each against its dtype's peak. The label names the path that ran.
-void BM_attention(benchmark::State& state, bool backward, bool bf16) {
+// `_dot` forces the AVX512-BF16 dot products: beside the default bf16 rows on an AMX machine (where
+// those take the tiles) it is the same-run baseline of the tile path; elsewhere the two rows are one path.
+void BM_attention(benchmark::State& state, bool backward, bool bf16, std::optional<kernels::AttentionPath> forced) {
   const int64_t T = state.range(0), B = T == 256 ? 8 : 1, H = 6, D = 64;
   kernels::AttentionShape s{.B = B, .T = T, .H = H, .KVH = H, .D = D, .scale = 1.0f / std::sqrt(float(D)), .bf16 = bf16};
+  if (forced && !kernels::attention_path_supported(*forced)) {
+    state.SkipWithError((std::string("this CPU cannot run ") + kernels::attention_path_name(*forced)).c_str());
+    return;
+  }
   const int64_t rows = B * T;
   auto qkv = filled(rows * 3 * H * D, 0.02f), dout = filled(rows * H * D);
   std::vector<float> out(static_cast<size_t>(rows * H * D)), lse(static_cast<size_t>(rows * H)), dqkv(qkv.size());
   Allocator alloc;
-  kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc);
-  const kernels::AttentionPath path = kernels::attention_path(bf16);
-  const DType peak = path == kernels::AttentionPath::Bf16Avx512 ? DType::BF16 : DType::F32;
+  kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc, forced);
+  const kernels::AttentionPath path = forced ? *forced : kernels::attention_path(bf16);
+  const DType peak = path == kernels::AttentionPath::Bf16Avx512 || path == kernels::AttentionPath::Bf16Amx
+                         ? DType::BF16
+                         : DType::F32;
   const std::string label = std::string(kernels::attention_path_name(path)) + ", ";
   if (!backward)
     measure(state, kernels::attention_cost(s, false), peak,
-            [&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc); }, label);
+            [&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), s, alloc, forced); }, label);
   else
     measure(state, kernels::attention_cost(s, true), peak, [&] {
-      kernels::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc);
+      kernels::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc, forced);
     }, label);
 }
-BENCHMARK_CAPTURE(BM_attention, fwd_f32, false, false)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_attention, bwd_f32, true, false)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_attention, fwd_bf16, false, true)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_attention, bwd_bf16, true, true)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, fwd_f32, false, false, std::nullopt)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, bwd_f32, true, false, std::nullopt)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, fwd_bf16, false, true, std::nullopt)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, bwd_bf16, true, true, std::nullopt)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, fwd_bf16_dot, false, true, kernels::AttentionPath::Bf16Avx512)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_attention, bwd_bf16_dot, true, true, kernels::AttentionPath::Bf16Avx512)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_layernorm(benchmark::State& state, bool backward) {
   auto x = filled(kRows * kModel), dy = filled(kRows * kModel), w = filled(kModel, 1.0f), b = filled(kModel);

@@ -247,35 +247,42 @@ TEST(AttentionBlock, ResultsDoNotDependOnThreadCount) {
 // bf16 training's blocks run on the bf16 dot products, at self-attention's bf16 tolerances
 // (attention_test.cpp): against float64 on f32 inputs (the inputs' rounding dominates), and on inputs
 // that are bf16 already, where only the kernel's own rounding of P and dS remains.
+// The same for the tile paths (AMX where ready, the software tile unit on any AVX512-BF16 CPU): a
+// block's keys are a buffer of their own and no tile is diagonal.
 TEST(AttentionBlock, Bf16PathMatchesFloat64AtBf16Tolerance) {
   if (!attention_path_supported(AttentionPath::Bf16Avx512)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  Allocator alloc;
-  std::mt19937 rng(19);
-  struct Tolerance {
-    bool round_inputs;
-    double out, lse, grad;
-  };
-  for (const Tolerance tol : {Tolerance{false, 6e-2, 8e-3, 1e-1}, Tolerance{true, 2e-2, 1e-6, 4e-2}})
-    for (BlockShape bs : shapes()) {
-      bs.s.bf16 = true;
-      const auto& s = bs.s;
-      auto q = random_vector(static_cast<size_t>(s.B * s.T * s.H * s.D), rng);
-      auto kv = random_vector(static_cast<size_t>(s.B * bs.Tk * 2 * s.KVH * s.D), rng);
-      auto dout = random_vector(q.size(), rng);
-      if (tol.round_inputs) round_to_bf16(q), round_to_bf16(kv), round_to_bf16(dout);
-      const Reference want = reference(bs, q, kv, dout);
-      const std::string what = describe(bs) + (tol.round_inputs ? " bf16 inputs" : " f32 inputs");
-      std::vector<float> out(q.size()), lse(static_cast<size_t>(s.B * s.H * s.T)), dq(q.size(), NAN), dkv(kv.size(), NAN);
-      attention_block_forward(out.data(), lse.data(), q.data(), kv.data(), bs.Tk, s, alloc, AttentionPath::Bf16Avx512);
-      expect_close(out, want.out, tol.out, what + " out");
-      expect_close(lse, want.lse, tol.lse, what + " lse");
-      attention_block_backward(dq.data(), dkv.data(), dout.data(), out.data(), lse.data(), q.data(), kv.data(), bs.Tk,
-                               s, alloc, AttentionPath::Bf16Avx512);
-      // With one key dq is zero in exact arithmetic; bf16's dP (bf16 dO and V) against the f32 D = dO . out
-      // leaves noise of about 2^-9 |dO| |v| scale there, so its floor is that scale (D = 16: ~0.05).
-      expect_close(dq, want.dq, tol.grad, what + " dq", 5e-2);
-      expect_close(dkv, want.dkv, tol.grad, what + " dkv");
-    }
+  for (AttentionPath path : {AttentionPath::Bf16Avx512, AttentionPath::Bf16Amx, AttentionPath::Bf16SoftwareAmx}) {
+    if (!attention_path_supported(path)) continue;
+    SCOPED_TRACE(attention_path_name(path));
+    Allocator alloc;
+    std::mt19937 rng(19);
+    struct Tolerance {
+      bool round_inputs;
+      double out, lse, grad;
+    };
+    for (const Tolerance tol : {Tolerance{false, 6e-2, 8e-3, 1e-1}, Tolerance{true, 2e-2, 1e-6, 4e-2}})
+      for (BlockShape bs : shapes()) {
+        bs.s.bf16 = true;
+        const auto& s = bs.s;
+        auto q = random_vector(static_cast<size_t>(s.B * s.T * s.H * s.D), rng);
+        auto kv = random_vector(static_cast<size_t>(s.B * bs.Tk * 2 * s.KVH * s.D), rng);
+        auto dout = random_vector(q.size(), rng);
+        if (tol.round_inputs) round_to_bf16(q), round_to_bf16(kv), round_to_bf16(dout);
+        const Reference want = reference(bs, q, kv, dout);
+        const std::string what = describe(bs) + (tol.round_inputs ? " bf16 inputs" : " f32 inputs");
+        std::vector<float> out(q.size()), lse(static_cast<size_t>(s.B * s.H * s.T)), dq(q.size(), NAN),
+            dkv(kv.size(), NAN);
+        attention_block_forward(out.data(), lse.data(), q.data(), kv.data(), bs.Tk, s, alloc, path);
+        expect_close(out, want.out, tol.out, what + " out");
+        expect_close(lse, want.lse, tol.lse, what + " lse");
+        attention_block_backward(dq.data(), dkv.data(), dout.data(), out.data(), lse.data(), q.data(), kv.data(), bs.Tk,
+                                 s, alloc, path);
+        // With one key dq is zero in exact arithmetic; bf16's dP (bf16 dO and V) against the f32 D = dO . out
+        // leaves noise of about 2^-9 |dO| |v| scale there, so its floor is that scale (D = 16: ~0.05).
+        expect_close(dq, want.dq, tol.grad, what + " dq", 5e-2);
+        expect_close(dkv, want.dkv, tol.grad, what + " dkv");
+      }
+  }
 }
 
 // A block's last key tile is partial and not diagonal: its P must be zero past the last key even where

@@ -9,17 +9,21 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "loom/core/cpu_features.h"
 #include "loom/error.h"
+#include "loom/kernels/amx_tiles.h"
 
 namespace loom::kernels {
 namespace {
@@ -241,7 +245,7 @@ TEST(Attention, FastBackwardMatchesFloat64OnGqa) { check_backward(Impl::Fast, gq
 
 // Forward and backward at 1, 2 and 3 threads (B*KVH = 1: one thread runs the by-kv-head schedule,
 // more the two-pass one) give bitwise equal results.
-void expect_results_independent_of_thread_count(bool bf16) {
+void expect_results_independent_of_thread_count(bool bf16, std::optional<AttentionPath> path = std::nullopt) {
   const uint32_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -255,8 +259,8 @@ void expect_results_independent_of_thread_count(bool bf16) {
       const Threads threads(n);
       std::vector<float> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s));
       Allocator alloc;
-      attention_forward(out.data(), lse.data(), qkv.data(), s, alloc);
-      attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc);
+      attention_forward(out.data(), lse.data(), qkv.data(), s, alloc, path);
+      attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc, path);
       outs.push_back(out);
       grads.push_back(dqkv);
     }
@@ -313,9 +317,11 @@ std::vector<AttentionShape> all_shapes() {
 // bf16 tolerances, relative to |want| + the tensor's RMS as above, for the worst element of a tensor.
 // Rounding the inputs to bf16 (2^-9 relative) moves every score and product by that much; over 40
 // seeds the worst elements came to 0.040 (out), 0.0046 (lse) and 0.063 (dqkv), so the bounds are
-// ~1.5x that. On inputs that are bf16 already only the kernel's own rounding of P and dS remains: worst
+// ~1.5x that -- but for dqkv, where about one seed in 50 reached 0.109-0.112 (seeds 654384579 and
+// 2125126881, T = 130, D = 64): at token 0 the exact dq is 0 (one visible key, dS = 0), and what is
+// left is dO's rounding alone, against the tensor's RMS. Hence 0.15. On inputs that are bf16 already only the kernel's own rounding of P and dS remains: worst
 // 0.0092, 9e-8 and 0.024 -- the sharper check that the kernel adds nothing beyond bf16 operands.
-constexpr double kBf16Rtol = 6e-2, kBf16LseRtol = 8e-3, kBf16GradRtol = 1e-1;
+constexpr double kBf16Rtol = 6e-2, kBf16LseRtol = 8e-3, kBf16GradRtol = 1.5e-1;
 constexpr double kBf16OwnRtol = 2e-2, kBf16OwnLseRtol = 1e-6, kBf16OwnGradRtol = 4e-2;
 
 TEST(Attention, EveryF32PathMatchesFloat64) {
@@ -330,21 +336,97 @@ TEST(Attention, EveryF32PathMatchesFloat64) {
   }
 }
 
+// The bf16 paths this CPU can run: dot products, AMX tiles (where the tile unit is ready) and the
+// same tile code on the software tile unit (any AVX512-BF16 CPU), so the AMX kernels are checked on
+// every machine that has AVX512-BF16 and on the hardware where there is one.
+std::vector<AttentionPath> bf16_paths() {
+  std::vector<AttentionPath> paths;
+  for (AttentionPath p : {AttentionPath::Bf16Avx512, AttentionPath::Bf16Amx, AttentionPath::Bf16SoftwareAmx}) {
+    if (attention_path_supported(p)) paths.push_back(p);
+    else std::cout << "skipped on this CPU: " << attention_path_name(p) << "\n";
+  }
+  return paths;
+}
+
 TEST(Attention, Bf16PathMatchesFloat64AtBf16Tolerance) {
-  if (!attention_path_supported(AttentionPath::Bf16Avx512)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  check_path(AttentionPath::Bf16Avx512, true, all_shapes(), kBf16Rtol, kBf16LseRtol, kBf16GradRtol);
-  check_path(AttentionPath::Bf16Avx512, true, all_shapes(), kBf16OwnRtol, kBf16OwnLseRtol, kBf16OwnGradRtol,
-             /*round_inputs=*/true);
-  // Peaked scores: a new running maximum in a later key tile rescales the bf16 products' sums too.
-  check_path(AttentionPath::Bf16Avx512, true, {make_shape(1, 200, 2, 1, 32)}, kBf16Rtol, kBf16LseRtol, kBf16GradRtol);
+  const std::vector<AttentionPath> paths = bf16_paths();
+  if (paths.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  for (AttentionPath p : paths) {
+    check_path(p, true, all_shapes(), kBf16Rtol, kBf16LseRtol, kBf16GradRtol);
+    check_path(p, true, all_shapes(), kBf16OwnRtol, kBf16OwnLseRtol, kBf16OwnGradRtol, /*round_inputs=*/true);
+    // Peaked scores: a new running maximum in a later key tile rescales the bf16 products' sums too.
+    check_path(p, true, {make_shape(1, 200, 2, 1, 32)}, kBf16Rtol, kBf16LseRtol, kBf16GradRtol);
+  }
+}
+
+// The tile paths round the same operands as the dot-product path and differ from it only in the
+// order f32 sums are added: far closer to it than to float64. A wrong tile layout, bound or partial
+// block shows here first.
+TEST(Attention, TilePathsAgreeWithTheDotProductPath) {
+  const std::vector<AttentionPath> paths = bf16_paths();
+  if (paths.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  const uint32_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (AttentionShape s : {make_shape(1, 130, 2, 2, 64), make_shape(2, 65, 6, 2, 64), make_shape(1, 70, 2, 1, 128),
+                           make_shape(2, 64, 1, 1, 24), make_shape(1, 33, 6, 3, 40), make_shape(1, 200, 3, 1, 32)}) {
+    s.bf16 = true;
+    SCOPED_TRACE(describe(s));
+    const std::vector<float> qkv = random_vector(qkv_size(s), rng), dout = random_vector(out_size(s), rng);
+    auto run = [&](AttentionPath p) {
+      std::vector<float> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s));
+      Allocator alloc;
+      attention_forward(out.data(), lse.data(), qkv.data(), s, alloc, p);
+      attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), s, alloc, p);
+      return std::array<std::vector<float>, 3>{out, lse, dqkv};
+    };
+    const auto want = run(AttentionPath::Bf16Avx512);
+    for (AttentionPath p : paths) {
+      if (p == AttentionPath::Bf16Avx512) continue;
+      SCOPED_TRACE(attention_path_name(p));
+      const auto got = run(p);
+      const char* names[] = {"out", "lse", "dqkv"};
+      for (int t = 0; t < 3; ++t) {
+        double rms = 0, worst = 0;
+        for (float x : want[t]) rms += double{x} * x;
+        rms = std::sqrt(rms / static_cast<double>(want[t].size()));
+        for (size_t i = 0; i < want[t].size(); ++i)
+          worst = std::max(worst, std::abs(double{got[t][i]} - want[t][i]) / (std::abs(double{want[t][i]}) + rms));
+        // Sums of ~100 products in another order, then at most one bf16 rounding of P or dS moved
+        // across a boundary: 2^-8 relative in the worst element, far below the 2-10% bars above.
+        EXPECT_LT(worst, 4e-3) << names[t];
+      }
+    }
+  }
 }
 
 // The bf16 backward's two schedules (one thread: by kv head, its tiles packed up front; two or three:
 // two passes, tiles packed per pair) add the same rounded products in the same order: bitwise equal
 // results, as on the f32 paths.
 TEST(Attention, Bf16ResultsDoNotDependOnThreadCount) {
-  if (!attention_path_supported(AttentionPath::Bf16Avx512)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  expect_results_independent_of_thread_count(true);
+  const std::vector<AttentionPath> paths = bf16_paths();
+  if (paths.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  for (AttentionPath p : paths) {
+    SCOPED_TRACE(attention_path_name(p));
+    expect_results_independent_of_thread_count(true, p);
+  }
+}
+
+// Where the CPU has AMX the tile unit must be ready (OS permission granted, self-test passed) and the
+// bf16 path use it: a failing self-test is a bug to see, not a silent fallback. Elsewhere it says why.
+TEST(Attention, AmxTilesAreUsedExactlyWhereTheCpuHasThem) {
+  const CpuFeatures& cpu = CpuFeatures::detect();
+  const AmxTilesStatus& amx = amx_tiles_status();
+  if (cpu.amx_tile && cpu.amx_bf16) {
+    EXPECT_TRUE(amx.ready) << amx.detail;
+    if (CpuFeatures::detect().kernel_isa() == KernelIsa::Amx) EXPECT_EQ(attention_path(true), AttentionPath::Bf16Amx);
+  } else {
+    EXPECT_FALSE(amx.ready);
+    EXPECT_NE(amx.detail.find("no AMX"), std::string::npos) << amx.detail;
+    EXPECT_FALSE(attention_path_supported(AttentionPath::Bf16Amx));
+    EXPECT_NE(attention_path(true), AttentionPath::Bf16Amx);
+  }
+  EXPECT_NE(attention_path(true), AttentionPath::Bf16SoftwareAmx) << "the software tile unit is for tests only";
 }
 
 // LOOM_MAX_CPU_ISA caps the paths (and DNNL_MAX_CPU_ISA when it is unset); a forced path above the cap

@@ -59,6 +59,7 @@
 
 #include "loom/core/cpu_features.h"
 #include "loom/error.h"
+#include "loom/kernels/amx_tiles.h"
 #include "loom/kernels/detail/attention_bf16.h"
 #include "loom/kernels/detail/attention_simd.h"
 #include "loom/kernels/detail/attention_tiles.h"
@@ -108,6 +109,14 @@ constexpr KernelSet bf16_avx512_kernels{bf16_forward_query_tile,       bf16_back
                                         bf16_backward_query_tile,      bf16_forward_workspace_floats,
                                         bf16_backward_tile_floats,     bf16_forward_packed_floats,
                                         bf16_forward_pack_tasks,       bf16_forward_pack};
+constexpr KernelSet bf16_amx_kernels{amx_forward_query_tile,        amx_backward_key_tiles,
+                                     amx_backward_query_tile,       bf16_forward_workspace_floats,
+                                     bf16_backward_tile_floats,     bf16_forward_packed_floats,
+                                     bf16_forward_pack_tasks,       bf16_forward_pack};
+constexpr KernelSet bf16_soft_amx_kernels{soft_amx_forward_query_tile,   soft_amx_backward_key_tiles,
+                                          soft_amx_backward_query_tile,  bf16_forward_workspace_floats,
+                                          bf16_backward_tile_floats,     bf16_forward_packed_floats,
+                                          bf16_forward_pack_tasks,       bf16_forward_pack};
 
 KernelIsa isa_needed(AttentionPath p) {
   switch (p) {
@@ -115,6 +124,8 @@ KernelIsa isa_needed(AttentionPath p) {
     case AttentionPath::F32Avx2: return KernelIsa::Avx2;
     case AttentionPath::F32Avx512: return KernelIsa::Avx512;
     case AttentionPath::Bf16Avx512: return KernelIsa::Avx512Bf16;
+    case AttentionPath::Bf16SoftwareAmx: return KernelIsa::Avx512Bf16;  // the tiles are emulated
+    case AttentionPath::Bf16Amx: break;
   }
   return KernelIsa::Amx;
 }
@@ -126,13 +137,16 @@ AttentionPath resolve(const AttentionShape& s, std::optional<AttentionPath> forc
   if (!attention_path_supported(*forced))
     throw Error(std::string(op) + ": the " + attention_path_name(*forced) + " path needs " +
                 kernel_isa_name(isa_needed(*forced)) + ", and this CPU (capped by LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) " +
-                "offers " + kernel_isa_name(CpuFeatures::detect().kernel_isa()));
+                "offers " + kernel_isa_name(CpuFeatures::detect().kernel_isa()) +
+                (*forced == AttentionPath::Bf16Amx ? " (AMX tiles: " + amx_tiles_status().detail + ")" : ""));
   return *forced;
 }
 
 const KernelSet& kernels(AttentionPath p) {
   switch (p) {
     case AttentionPath::Bf16Avx512: return bf16_avx512_kernels;
+    case AttentionPath::Bf16Amx: return bf16_amx_kernels;
+    case AttentionPath::Bf16SoftwareAmx: return bf16_soft_amx_kernels;
     case AttentionPath::F32Avx512: return avx512_kernels;
     case AttentionPath::F32Avx2: return avx2_kernels;
     case AttentionPath::F32Sse2: break;
@@ -166,14 +180,20 @@ const char* attention_path_name(AttentionPath p) {
     case AttentionPath::F32Avx2: return "f32 (avx2)";
     case AttentionPath::F32Avx512: return "f32 (avx512)";
     case AttentionPath::Bf16Avx512: return "bf16 dot products (avx512_bf16)";
+    case AttentionPath::Bf16Amx: return "bf16 tiles (amx) and dot products (avx512_bf16)";
+    case AttentionPath::Bf16SoftwareAmx: return "bf16 software tiles (tests) and dot products (avx512_bf16)";
   }
   return "?";
 }
 
-bool attention_path_supported(AttentionPath p) { return isa_needed(p) <= CpuFeatures::detect().kernel_isa(); }
+bool attention_path_supported(AttentionPath p) {
+  if (isa_needed(p) > CpuFeatures::detect().kernel_isa()) return false;
+  return p != AttentionPath::Bf16Amx || amx_tiles_status().ready;
+}
 
 AttentionPath attention_path(bool bf16) {
   const KernelIsa isa = CpuFeatures::detect().kernel_isa();
+  if (bf16 && isa >= KernelIsa::Amx && amx_tiles_status().ready) return AttentionPath::Bf16Amx;
   if (bf16 && isa >= KernelIsa::Avx512Bf16) return AttentionPath::Bf16Avx512;
   if (isa >= KernelIsa::Avx512) return AttentionPath::F32Avx512;
   if (isa >= KernelIsa::Avx2) return AttentionPath::F32Avx2;

@@ -29,7 +29,10 @@ struct AttentionShape {
 
 // The instruction paths, each forced by passing it (tests), else picked from the CPU capped by
 // LOOM_MAX_CPU_ISA / DNNL_MAX_CPU_ISA (CpuFeatures::kernel_isa) and the shape's precision.
-enum class AttentionPath { F32Sse2, F32Avx2, F32Avx512, Bf16Avx512 };
+// Bf16Amx: the bf16 kernels with their score and dQ products on AMX tiles (where amx_tiles_status()
+// is ready). Bf16SoftwareAmx: the same code on a software tile unit -- slow, never chosen by
+// attention_path(); it exists so tests check the AMX kernels' layouts on any AVX512-BF16 CPU.
+enum class AttentionPath { F32Sse2, F32Avx2, F32Avx512, Bf16Avx512, Bf16Amx, Bf16SoftwareAmx };
 const char* attention_path_name(AttentionPath p);  // e.g. "bf16 dot products (avx512_bf16)"
 AttentionPath attention_path(bool bf16);            // what a call with that precision runs here
 bool attention_path_supported(AttentionPath p);     // whether this CPU (and the ISA cap) can run p

@@ -48,6 +48,7 @@
 #include "loom/kernels/detail/attention_simd.h"
 #include "loom/kernels/detail/exp2_avx512.h"
 #include "loom/kernels/detail/attention_tiles.h"
+#include "loom/kernels/detail/tile_unit.h"
 
 // GCC 12 warns that the undefined vector behind a zeroing intrinsic may be used uninitialized (a
 // known false positive of its headers).
@@ -55,11 +56,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #if defined(__clang__)  // (the fuzz and sanitizer builds): clang spells the same region this way
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma,amx-tile,amx-bf16"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma,amx-tile,amx-bf16")
 #endif
 
 namespace loom::kernels::attention_detail {
@@ -256,12 +257,91 @@ LOOM_ATTN_INLINE void dp_rows(float* C, int64_t ldc, const float* alpha, bool ac
   }
 }
 
+// ---- the same product on a tile unit (detail/tile_unit.h): 16 rows at a time, columns in chunks of
+// up to 4 C tiles (0..3), A in tile 4 and each B block in tile 5 ----
+using tile_detail::NoTiles;
+constexpr int64_t kUnitRows = tile_detail::kTileRows;  // 16
+constexpr int64_t kUnitPairs = 16;                     // pairs in one tile row (64 bytes)
+
+template <class U, int T>
+LOOM_ATTN_INLINE void unit_start(float* c, int64_t ldc, bool accumulate) {
+  if (accumulate) U::template load<T>(c + T * 16, ldc * 4);
+  else U::template zero<T>();
+}
+template <class U, int T>
+LOOM_ATTN_INLINE void unit_product(const uint32_t* b, int64_t ldb) {
+  U::template load<5>(b + T * 16, ldb * 4);
+  U::template dp<T, 4, 5>();
+}
+template <class U, int T>
+LOOM_ATTN_INLINE void unit_finish(float* c, int64_t ldc) {
+  U::template store<T>(c + T * 16, ldc * 4);
+}
+// C[16 rows][NT x 16 columns] (+)= A[16 rows][pairs] . B[pairs][NT x 16], pairs a multiple of 16.
+template <class U, int NT>
+LOOM_ATTN_INLINE void unit_block(float* c, int64_t ldc, bool accumulate, const uint32_t* A, int64_t ars,
+                                 const uint32_t* B, int64_t ldb, int64_t pairs) {
+  unit_start<U, 0>(c, ldc, accumulate);
+  if constexpr (NT > 1) unit_start<U, 1>(c, ldc, accumulate);
+  if constexpr (NT > 2) unit_start<U, 2>(c, ldc, accumulate);
+  if constexpr (NT > 3) unit_start<U, 3>(c, ldc, accumulate);
+  for (int64_t k = 0; k < pairs; k += kUnitPairs) {
+    U::template load<4>(A + k, ars * 4);
+    const uint32_t* b = B + k * ldb;
+    unit_product<U, 0>(b, ldb);
+    if constexpr (NT > 1) unit_product<U, 1>(b, ldb);
+    if constexpr (NT > 2) unit_product<U, 2>(b, ldb);
+    if constexpr (NT > 3) unit_product<U, 3>(b, ldb);
+  }
+  unit_finish<U, 0>(c, ldc);
+  if constexpr (NT > 1) unit_finish<U, 1>(c, ldc);
+  if constexpr (NT > 2) unit_finish<U, 2>(c, ldc);
+  if constexpr (NT > 3) unit_finish<U, 3>(c, ldc);
+}
+
+// dp_tile's contract for 16 rows, A's pairs contiguous (aps = 1), `pairs` a multiple of 16. The
+// causal half of a diagonal tile is computed too: a tile is 16 rows, the skipped parts are at most a
+// fraction of one, and computing them is always allowed (their operands are written: zeros where
+// masked, see dp_rows).
+template <class U>
+LOOM_ATTN_INLINE void unit_rows(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
+                                const uint32_t* A, int64_t ars, const uint32_t* B, int64_t ldb, int64_t pairs,
+                                int64_t cols) {
+  if (accumulate && alpha != nullptr)
+    for (int64_t r = 0; r < kUnitRows; ++r)
+      for (int64_t v = 0; v < cols; v += 16)
+        _mm512_storeu_ps(C + r * ldc + v, _mm512_mul_ps(_mm512_loadu_ps(C + r * ldc + v), _mm512_set1_ps(alpha[r])));
+  for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+    float* c = C + c0;
+    const uint32_t* b = B + c0;
+    switch (std::min<int64_t>(4, (cols - c0) / 16)) {
+      case 4: unit_block<U, 4>(c, ldc, accumulate, A, ars, b, ldb, pairs); break;
+      case 3: unit_block<U, 3>(c, ldc, accumulate, A, ars, b, ldb, pairs); break;
+      case 2: unit_block<U, 2>(c, ldc, accumulate, A, ars, b, ldb, pairs); break;
+      default: unit_block<U, 1>(c, ldc, accumulate, A, ars, b, ldb, pairs); break;
+    }
+  }
+  if (!accumulate && scale != 1.0f)
+    for (int64_t r = 0; r < kUnitRows; ++r)
+      for (int64_t v = 0; v < cols; v += 16)
+        _mm512_storeu_ps(C + r * ldc + v, _mm512_mul_ps(_mm512_loadu_ps(C + r * ldc + v), _mm512_set1_ps(scale)));
+}
+
 // The product above for nr rows and `cols` columns (a multiple of 16): blocks of kTileRows rows, each
-// in chunks of 4 vectors of columns.
+// in chunks of 4 vectors of columns. With a tile unit U, whole 16-row blocks of products whose A
+// pairs are contiguous (aps = 1) and whose reduction is whole tiles run on it; the rest, and the
+// products that read A as pairs across rows (aps != 1: P V, P^T dO, dS^T Q), stay on dot products.
+template <class U = NoTiles>
 LOOM_ATTN_INLINE void dp_matmul(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
                                 const uint32_t* A, int64_t ars, int64_t aps, const uint32_t* B, int64_t ldb,
                                 int64_t nr, int64_t pairs, int64_t cols, Causal causal = Causal::None) {
   int64_t r = 0;
+  if constexpr (U::kTiles) {
+    if (aps == 1 && pairs % kUnitPairs == 0)
+      for (; r + kUnitRows <= nr; r += kUnitRows)
+        unit_rows<U>(C + r * ldc, ldc, alpha ? alpha + r : nullptr, accumulate, scale, A + r * ars, ars, B, ldb, pairs,
+                     cols);
+  }
   for (; r + kTileRows <= nr; r += kTileRows)
     dp_rows<kTileRows>(C, ldc, alpha, accumulate, scale, A, ars, aps, B, ldb, r, pairs, cols, causal);
   for (; r < nr; ++r) dp_rows<1>(C, ldc, alpha, accumulate, scale, A, ars, aps, B, ldb, r, pairs, cols, causal);
@@ -388,13 +468,14 @@ LOOM_ATTN_INLINE QueryTile item_query_tile(const Dims& s, uint32_t* item, int64_
 // partial key tile is not diagonal, and its pairs reach one key past nk) and dS = scale P (dO V^T - D) in f32, two
 // query rows at a time, written straight into the layouts their products read: pairs of queries
 // (dV, dK) and, when dQ is wanted, bf16 rows (dQ). The scores come out of their product in base 2.
+template <class U>
 LOOM_ATTN_INLINE void tile_probabilities(const Dims& s, Bf16BackwardTiles& w, const KeyTile& key,
                                          const QueryTile& query, const float* lse_rows, const float* Di, int64_t nq,
                                          int64_t nk, bool diag, bool want_dq) {
   const int64_t words = s.Dp / 2;
   const Causal half = diag ? Causal::ColsToRow : Causal::None;
-  dp_matmul(w.P, kBlock, nullptr, false, s.scale * kLog2e, query.Qb, words, 1, key.Kt, kBlock, nq, words, kBlock, half);
-  dp_matmul(w.dS, kBlock, nullptr, false, 1.0f, query.dOb, words, 1, key.Vt, kBlock, nq, words, kBlock, half);
+  dp_matmul<U>(w.P, kBlock, nullptr, false, s.scale * kLog2e, query.Qb, words, 1, key.Kt, kBlock, nq, words, kBlock, half);
+  dp_matmul<U>(w.dS, kBlock, nullptr, false, 1.0f, query.dOb, words, 1, key.Vt, kBlock, nq, words, kBlock, half);
   const __m512 scale = _mm512_set1_ps(s.scale);
   auto row = [&](int64_t r, int v, __m512& p, __m512& ds) {
     __m512 x = _mm512_sub_ps(_mm512_loadu_ps(w.P + r * kBlock + v * 16), _mm512_set1_ps(lse_rows[r] * kLog2e));
@@ -441,7 +522,8 @@ void bf16_forward_pack(const Dims& s, const float* qkv, float* packed, int64_t t
   pack_row_pairs(p.V + bg * p.per_head + (k0 / 2) * s.Dp, s.Dp, tok + s.v_col + g * s.D, s.kv_row, nk, s.D, s.Dp);
 }
 
-void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t i,
+template <class U>
+void forward_query_tile_on(const Dims& s, float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t i,
                              float* ws) {
   const int64_t D = s.D, Dp = s.Dp, words = Dp / 2, g = h / s.group;
   ForwardTiles w = carve_forward(ws, Dp);
@@ -460,7 +542,7 @@ void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float*
   for (int64_t j = 0; j <= j_last; ++j) {
     const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
     const bool diag = s.causal && j == i;
-    dp_matmul(w.St, kBlock, nullptr, false, s.scale * kLog2e, K + k0 * words, words, 1, w.Qt, kBlock, nk, words,
+    dp_matmul<U>(w.St, kBlock, nullptr, false, s.scale * kLog2e, K + k0 * words, words, 1, w.Qt, kBlock, nk, words,
               kBlock, diag ? Causal::ColsFromRow : Causal::None);
     // The online softmax over this tile's keys (base 2), as the f32 forward does it: the new running
     // maximum first, then exp2 of each pair of key rows, summed in key order and written straight
@@ -488,7 +570,7 @@ void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float*
       _mm512_storeu_ps(w.m + v * 16, m_new[v]);
     }
     // O[r] = alpha[r] O[r] + sum_c P[r][c] v_c, V as row pairs.
-    dp_matmul(w.O, Dp, w.alpha, true, 1.0f, w.Pp, 1, kBlock, V + (k0 / 2) * Dp, Dp, nq, (nk + 1) / 2, Dp,
+    dp_matmul<U>(w.O, Dp, w.alpha, true, 1.0f, w.Pp, 1, kBlock, V + (k0 / 2) * Dp, Dp, nq, (nk + 1) / 2, Dp,
               diag ? Causal::PairsToRow : Causal::None);
   }
 
@@ -506,7 +588,8 @@ void bf16_forward_query_tile(const Dims& s, float* out, float* lse, const float*
   }
 }
 
-void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, int64_t g, int64_t j_begin, int64_t j_end,
+template <class U>
+void backward_key_tiles_on(const Dims& s, const BackwardArgs& a, int64_t b, int64_t g, int64_t j_begin, int64_t j_end,
                              float* dQ, float* Di_all, float* ws) {
   Bf16BackwardTiles w = carve_backward(ws, s.Dp);
   const int64_t D = s.D, Dp = s.Dp;
@@ -549,13 +632,13 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
           const int64_t off = (b * s.T + q0) * s.out_row + h * D;
           S::row_dots(w.Di, a.dout + off, a.out + off, s.out_row, nq, D);
         }
-        tile_probabilities(s, w, key, query, a.lse + (b * s.H + h) * s.T + q0, Di, nq, nk, diag, packed);
+        tile_probabilities<U>(s, w, key, query, a.lse + (b * s.H + h) * s.T + q0, Di, nq, nk, diag, packed);
         const int64_t query_pairs = (nq + 1) / 2;
         const Causal from = diag ? Causal::PairsFromRow : Causal::None, to = diag ? Causal::PairsToRow : Causal::None;
-        dp_matmul(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp, from);  // P^T dO
-        dp_matmul(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp, from);  // dS^T Q
+        dp_matmul<U>(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp, from);  // P^T dO
+        dp_matmul<U>(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp, from);  // dS^T Q
         if (packed)  // dQ_i += dS K_j
-          dp_matmul(dQ + (hh * s.T + q0) * Dp, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, key.Kp, Dp, nq, (nk + 1) / 2,
+          dp_matmul<U>(dQ + (hh * s.T + q0) * Dp, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, key.Kp, Dp, nq, (nk + 1) / 2,
                     Dp, to);
       }
     }
@@ -568,7 +651,8 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
       S::write_rows(a.dqkv + b * s.T * s.q_row + (g * s.group + hh) * D, s.q_row, dQ + hh * s.T * Dp, Dp, s.T, D);
 }
 
-void bf16_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i, float* ws) {
+template <class U>
+void backward_query_tile_on(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i, float* ws) {
   Bf16BackwardTiles w = carve_backward(ws, s.Dp);
   const int64_t D = s.D, Dp = s.Dp, g = h / s.group;
   const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
@@ -581,12 +665,35 @@ void bf16_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, i
     const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
     const bool diag = s.causal && i == j;
     pack_key_tile(s, w.Kb, w.key, a.kv, b, g, k0, nk);
-    tile_probabilities(s, w, w.key, w.query, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, nk, diag, true);
-    dp_matmul(w.dQ, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, w.key.Kp, Dp, nq, (nk + 1) / 2, Dp,
+    tile_probabilities<U>(s, w, w.key, w.query, a.lse + (b * s.H + h) * s.T + q0, w.Di, nq, nk, diag, true);
+    dp_matmul<U>(w.dQ, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, w.key.Kp, Dp, nq, (nk + 1) / 2, Dp,
               diag ? Causal::PairsToRow : Causal::None);
   }
   S::write_rows(a.dqkv + (b * s.T + q0) * s.q_row + h * D, s.q_row, w.dQ, Dp, nq, D);
 }
+
+// The entry points: one instantiation per product engine, each holding the tile unit's configuration
+// for the length of one work item.
+#define LOOM_BF16_ENTRY_POINTS(prefix, U)                                                                         \
+  void prefix##_forward_query_tile(const Dims& s, float* out, float* lse, const float* qkv, int64_t b, int64_t h, \
+                                   int64_t i, float* ws) {                                                        \
+    tile_detail::TileScope<U> tiles;                                                                             \
+    forward_query_tile_on<U>(s, out, lse, qkv, b, h, i, ws);                                                     \
+  }                                                                                                              \
+  void prefix##_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, int64_t g, int64_t j_begin,    \
+                                   int64_t j_end, float* dQ, float* Di_all, float* ws) {                          \
+    tile_detail::TileScope<U> tiles;                                                                             \
+    backward_key_tiles_on<U>(s, a, b, g, j_begin, j_end, dQ, Di_all, ws);                                        \
+  }                                                                                                              \
+  void prefix##_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i,         \
+                                    float* ws) {                                                                 \
+    tile_detail::TileScope<U> tiles;                                                                             \
+    backward_query_tile_on<U>(s, a, b, h, i, ws);                                                                \
+  }
+LOOM_BF16_ENTRY_POINTS(bf16, tile_detail::NoTiles)
+LOOM_BF16_ENTRY_POINTS(amx, tile_detail::HardwareTiles)
+LOOM_BF16_ENTRY_POINTS(soft_amx, tile_detail::SoftwareTiles)
+#undef LOOM_BF16_ENTRY_POINTS
 
 }  // namespace loom::kernels::attention_detail
 

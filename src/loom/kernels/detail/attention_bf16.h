@@ -26,4 +26,19 @@ void bf16_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, in
                              float* dQ, float* Di_all, float* ws);
 void bf16_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i, float* ws);
 
+// The same kernels with every product that reads A's pairs contiguously (the score products and dQ)
+// on AMX tiles, 16 rows at a time (detail/tile_unit.h): `amx_` on the hardware -- only where
+// amx_tiles_status().ready -- and `soft_amx_` on the software tile unit, which runs on any CPU with
+// AVX512-BF16 so that the AMX kernels are tested everywhere. Same workspaces and pack step as bf16_.
+void amx_forward_query_tile(const Dims& s, float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t i,
+                            float* ws);
+void amx_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, int64_t g, int64_t j_begin, int64_t j_end,
+                            float* dQ, float* Di_all, float* ws);
+void amx_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i, float* ws);
+void soft_amx_forward_query_tile(const Dims& s, float* out, float* lse, const float* qkv, int64_t b, int64_t h,
+                                 int64_t i, float* ws);
+void soft_amx_backward_key_tiles(const Dims& s, const BackwardArgs& a, int64_t b, int64_t g, int64_t j_begin,
+                                 int64_t j_end, float* dQ, float* Di_all, float* ws);
+void soft_amx_backward_query_tile(const Dims& s, const BackwardArgs& a, int64_t b, int64_t h, int64_t i, float* ws);
+
 }  // namespace loom::kernels::attention_detail
