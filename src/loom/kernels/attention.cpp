@@ -112,11 +112,11 @@ constexpr KernelSet bf16_avx512_kernels{bf16_forward_query_tile,       bf16_back
 constexpr KernelSet bf16_amx_kernels{amx_forward_query_tile,        amx_backward_key_tiles,
                                      amx_backward_query_tile,       bf16_forward_workspace_floats,
                                      bf16_backward_tile_floats,     bf16_forward_packed_floats,
-                                     bf16_forward_pack_tasks,       bf16_forward_pack};
+                                     bf16_forward_pack_tasks,       tiles_forward_pack};
 constexpr KernelSet bf16_soft_amx_kernels{soft_amx_forward_query_tile,   soft_amx_backward_key_tiles,
                                           soft_amx_backward_query_tile,  bf16_forward_workspace_floats,
                                           bf16_backward_tile_floats,     bf16_forward_packed_floats,
-                                          bf16_forward_pack_tasks,       bf16_forward_pack};
+                                          bf16_forward_pack_tasks,       tiles_forward_pack};
 
 KernelIsa isa_needed(AttentionPath p) {
   switch (p) {

@@ -31,6 +31,16 @@
 // heads' tiles once up front (per thread, O(T)); only the two-pass backward schedule, whose items see
 // a tile once or twice, still packs per tile pair. The softmax runs in base 2 (see exp2_ps).
 //
+// AMX (the amx_ / soft_amx_ entry points, detail/tile_unit.h). The same kernels on 16 x 16 x 32 tile
+// products. A tile's A operand must hold its pairs along a row, so the three products whose A is P or
+// dS as pairs across rows are issued transposed into transposed accumulators:
+//            O^T[d][r] += V^T[d][.] P^T[.][r]   A = V packed transposed, B = P as pairs of keys
+//            dV^T[d][c] += dO^T[d][.] P[.][c], dK^T[d][c] += Q^T[d][.] dS[.][c]
+//                                               A = dO / Q packed transposed, B = P / dS pairs of queries
+// and the accumulators are written out by columns. A tile reduces over all 32 pairs of a key or query
+// tile, so the pairs past a partial tile's last row are zeroed in both operands; the diagonal tile's
+// causal halves are computed, not skipped (a 16-row tile straddles the diagonal).
+//
 // The file is compiled for AVX512-BF16 through a target pragma (GCC's, or clang's attribute push)
 // that starts after the includes, so
 // that only the functions defined here (all internal, plus the entry points) carry that target; the
@@ -44,6 +54,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "loom/kernels/detail/attention_simd.h"
 #include "loom/kernels/detail/exp2_avx512.h"
@@ -191,6 +202,22 @@ LOOM_ATTN_INLINE void pack_row_pairs(uint32_t* dst, int64_t ldd, const float* sr
   }
 }
 
+// The tile kernels' form of a pack_row_pairs tile: transposed, dst[d][p] (row stride kPairs words) for
+// every d < Dp and all kPairs pairs, zero for pairs past ceil(n/2), so a product over a whole tile's
+// pairs never reads stale workspace. `scratch` holds kPairs x Dp words.
+LOOM_ATTN_INLINE void pack_pairs_transposed(uint32_t* dst, uint32_t* scratch, const float* src, int64_t stride,
+                                            int64_t n, int64_t D, int64_t Dp) {
+  std::memset(scratch, 0, static_cast<size_t>(kPairs * Dp) * sizeof(uint32_t));
+  pack_row_pairs(scratch, Dp, src, stride, n, D, Dp);
+  for (int64_t p0 = 0; p0 < kPairs; p0 += 16)
+    for (int64_t d0 = 0; d0 < Dp; d0 += 16) {
+      __m512i r[16];
+      for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(scratch + (p0 + k) * Dp + d0);
+      transpose_16x16(r);
+      for (int k = 0; k < 16; ++k) _mm512_storeu_si512(dst + (d0 + k) * kPairs + p0, r[k]);
+    }
+}
+
 // C[r][v-th 16 columns] (f32, row stride ldc) = (accumulate ? alpha[r] C : 0) + scale * sum over
 // `pairs` of A's word (r, p) at A[r * ars + p * aps] times B's words B[p * ldb + 16 v ..], for R rows
 // and NV vectors (alpha == nullptr means 1; the scale applies to the sum only when not accumulating).
@@ -329,8 +356,9 @@ LOOM_ATTN_INLINE void unit_rows(float* C, int64_t ldc, const float* alpha, bool 
 
 // The product above for nr rows and `cols` columns (a multiple of 16): blocks of kTileRows rows, each
 // in chunks of 4 vectors of columns. With a tile unit U, whole 16-row blocks of products whose A
-// pairs are contiguous (aps = 1) and whose reduction is whole tiles run on it; the rest, and the
-// products that read A as pairs across rows (aps != 1: P V, P^T dO, dS^T Q), stay on dot products.
+// pairs are contiguous (aps = 1) and whose reduction is whole tiles run on it; the rest (a partial
+// block's last rows, a head size whose pairs are not a multiple of 16) stays on dot products. The
+// tile kernels issue no product with aps != 1: they compute P V, P^T dO and dS^T Q transposed.
 template <class U = NoTiles>
 LOOM_ATTN_INLINE void dp_matmul(float* C, int64_t ldc, const float* alpha, bool accumulate, float scale,
                                 const uint32_t* A, int64_t ars, int64_t aps, const uint32_t* B, int64_t ldb,
@@ -385,7 +413,7 @@ struct KeyTile {
   uint32_t *Kt, *Vt, *Kp;  // K and V words transposed (for P and dP), K row pairs (for dQ)
 };
 struct QueryTile {
-  uint32_t *Qb, *dOb, *Qp, *dOp;  // Q and dO rows (for P and dP), row pairs (for dK and dV)
+  uint32_t *Qb, *dOb, *Qp, *dOp;  // Q and dO rows (for P and dP), row pairs (for dK and dV; tiles: transposed)
 };
 
 // Per thread: one key and one query tile packed (the two-pass schedule packs them per tile pair),
@@ -441,15 +469,23 @@ LOOM_ATTN_INLINE void pack_key_tile(const Dims& s, uint32_t* Kb, const KeyTile& 
   pack_row_pairs(dst.Kp, s.Dp, k, s.kv_row, nk, s.D, s.Dp);
 }
 
-// Packs query tile (q0, nq) of head h into `dst`.
+// Packs query tile (q0, nq) of head h into `dst`. With a tile unit the pairs are packed transposed
+// (pack_pairs_transposed; `scratch` holds kPairs x Dp words): the tile kernels' dV and dK products read
+// dO and Q as A operands, pairs of queries along each row.
+template <class U>
 LOOM_ATTN_INLINE void pack_query_tile(const Dims& s, const QueryTile& dst, const BackwardArgs& a, int64_t b, int64_t h,
-                                      int64_t q0, int64_t nq) {
+                                      int64_t q0, int64_t nq, uint32_t* scratch) {
   const float* q = a.qkv + (b * s.T + q0) * s.q_row + h * s.D;
   const float* dout = a.dout + (b * s.T + q0) * s.out_row + h * s.D;
   convert_rows(dst.Qb, s.Dp, q, s.q_row, nq, s.D);
   convert_rows(dst.dOb, s.Dp, dout, s.out_row, nq, s.D);
-  pack_row_pairs(dst.Qp, s.Dp, q, s.q_row, nq, s.D, s.Dp);
-  pack_row_pairs(dst.dOp, s.Dp, dout, s.out_row, nq, s.D, s.Dp);
+  if constexpr (U::kTiles) {
+    pack_pairs_transposed(dst.Qp, scratch, q, s.q_row, nq, s.D, s.Dp);
+    pack_pairs_transposed(dst.dOp, scratch, dout, s.out_row, nq, s.D, s.Dp);
+  } else {
+    pack_row_pairs(dst.Qp, s.Dp, q, s.q_row, nq, s.D, s.Dp);
+    pack_row_pairs(dst.dOp, s.Dp, dout, s.out_row, nq, s.D, s.Dp);
+  }
 }
 
 // Where tile j's / head hh's tile i's operands sit in the by-kv-head item pack.
@@ -501,6 +537,12 @@ LOOM_ATTN_INLINE void tile_probabilities(const Dims& s, Bf16BackwardTiles& w, co
       }
     }
   }
+  // The tile kernels reduce over all kPairs pairs of queries: those past a partial tile's are zero.
+  if constexpr (U::kTiles) {
+    const int64_t from = (nq + 1) / 2;
+    std::memset(w.Pp + from * kBlock, 0, static_cast<size_t>((kPairs - from) * kBlock) * sizeof(uint32_t));
+    std::memset(w.dSp + from * kBlock, 0, static_cast<size_t>((kPairs - from) * kBlock) * sizeof(uint32_t));
+  }
 }
 
 }  // namespace
@@ -513,13 +555,29 @@ int64_t bf16_backward_tile_floats(const Dims& s, bool by_kv_head) {
 int64_t bf16_forward_packed_floats(const Dims& s) { return 2 * s.B * s.KVH * s.ktiles * kBlock * (s.Dp / 2); }
 int64_t bf16_forward_pack_tasks(const Dims& s) { return s.B * s.KVH * s.ktiles; }
 
-void bf16_forward_pack(const Dims& s, const float* qkv, float* packed, int64_t task) {
+// V goes in as row pairs for the dot products' P V, or transposed for the tile kernels' V^T P^T (the
+// same words, kPairs x Dp a tile, either way).
+template <bool kTiles>
+void forward_pack(const Dims& s, const float* qkv, float* packed, int64_t task) {
   const ForwardPacked p = forward_packed(s, packed);
   const int64_t j = task % s.ktiles, bg = task / s.ktiles, b = bg / s.KVH, g = bg % s.KVH;
   const int64_t k0 = j * kBlock, nk = std::min(kBlock, s.Tk - k0);
   const float* tok = (s.kv ? s.kv : qkv) + (b * s.Tk + k0) * s.kv_row;
   convert_rows(p.K + bg * p.per_head + k0 * (s.Dp / 2), s.Dp, tok + s.k_col + g * s.D, s.kv_row, nk, s.D);
-  pack_row_pairs(p.V + bg * p.per_head + (k0 / 2) * s.Dp, s.Dp, tok + s.v_col + g * s.D, s.kv_row, nk, s.D, s.Dp);
+  uint32_t* v = p.V + bg * p.per_head + (k0 / 2) * s.Dp;
+  if constexpr (kTiles) {
+    thread_local std::vector<uint32_t> scratch;
+    scratch.resize(static_cast<size_t>(kPairs * s.Dp));
+    pack_pairs_transposed(v, scratch.data(), tok + s.v_col + g * s.D, s.kv_row, nk, s.D, s.Dp);
+  } else {
+    pack_row_pairs(v, s.Dp, tok + s.v_col + g * s.D, s.kv_row, nk, s.D, s.Dp);
+  }
+}
+void bf16_forward_pack(const Dims& s, const float* qkv, float* packed, int64_t task) {
+  forward_pack<false>(s, qkv, packed, task);
+}
+void tiles_forward_pack(const Dims& s, const float* qkv, float* packed, int64_t task) {
+  forward_pack<true>(s, qkv, packed, task);
 }
 
 template <class U>
@@ -531,7 +589,7 @@ void forward_query_tile_on(const Dims& s, float* out, float* lse, const float* q
   const float* tok = qkv + b * s.T * s.q_row;  // query token 0 of this batch row
   const ForwardPacked packed = forward_packed(s, s.packed);
   const uint32_t* K = packed.K + (b * s.KVH + g) * packed.per_head;  // bf16 rows
-  const uint32_t* V = packed.V + (b * s.KVH + g) * packed.per_head;  // row pairs
+  const uint32_t* V = packed.V + (b * s.KVH + g) * packed.per_head;  // row pairs (tiles: transposed)
   convert_rows(w.Qb, Dp, tok + q0 * s.q_row + h * D, s.q_row, nq, D);
   transpose_words(w.Qt, w.Qb, words);
   std::fill(w.O, w.O + kBlock * Dp, 0.0f);
@@ -569,9 +627,21 @@ void forward_query_tile_on(const Dims& s, float* out, float* lse, const float* q
       _mm512_storeu_ps(w.l + v * 16, _mm512_fmadd_ps(_mm512_loadu_ps(w.l + v * 16), a, sum[v]));
       _mm512_storeu_ps(w.m + v * 16, m_new[v]);
     }
-    // O[r] = alpha[r] O[r] + sum_c P[r][c] v_c, V as row pairs.
-    dp_matmul<U>(w.O, Dp, w.alpha, true, 1.0f, w.Pp, 1, kBlock, V + (k0 / 2) * Dp, Dp, nq, (nk + 1) / 2, Dp,
-              diag ? Causal::PairsToRow : Causal::None);
+    if constexpr (U::kTiles) {
+      // O^T[d][r] = alpha[r] O^T[d][r] + sum over key pairs of V^T[d][pair] P^T[pair][r]: A is V
+      // transposed (packed so), B the pairs-of-keys P as it is; all kPairs pairs (zero past nk).
+      const int64_t from = (nk + 1) / 2;
+      std::memset(w.Pp + from * kBlock, 0, static_cast<size_t>((kPairs - from) * kBlock) * sizeof(uint32_t));
+      for (int64_t d = 0; d < Dp; ++d)
+        for (int v = 0; v < S::kRowVectors; ++v)
+          _mm512_storeu_ps(w.O + d * kBlock + v * 16, _mm512_mul_ps(_mm512_loadu_ps(w.O + d * kBlock + v * 16),
+                                                                     _mm512_loadu_ps(w.alpha + v * 16)));
+      dp_matmul<U>(w.O, kBlock, nullptr, true, 1.0f, V + (k0 / 2) * Dp, kPairs, 1, w.Pp, kBlock, Dp, kPairs, kBlock);
+    } else {
+      // O[r] = alpha[r] O[r] + sum_c P[r][c] v_c, V as row pairs.
+      dp_matmul<U>(w.O, Dp, w.alpha, true, 1.0f, w.Pp, 1, kBlock, V + (k0 / 2) * Dp, Dp, nq, (nk + 1) / 2, Dp,
+                   diag ? Causal::PairsToRow : Causal::None);
+    }
   }
 
   float* out_tile = out + (b * s.T + q0) * s.out_row + h * D;
@@ -579,6 +649,11 @@ void forward_query_tile_on(const Dims& s, float* out, float* lse, const float* q
   for (int64_t r = 0; r < nq; ++r) {
     const float inv = 1.0f / w.l[r];
     float* o = out_tile + r * s.out_row;
+    if constexpr (U::kTiles) {  // O^T: column r
+      for (int64_t d = 0; d < D; ++d) o[d] = w.O[d * kBlock + r] * inv;
+      lse_tile[r] = w.m[r] * kLn2 + std::log(w.l[r]);
+      continue;
+    }
     const float* x = w.O + r * Dp;
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 m = first_lanes(D - d);
@@ -609,7 +684,8 @@ void backward_key_tiles_on(const Dims& s, const BackwardArgs& a, int64_t b, int6
     for (int64_t i = 0; i < s.tiles; ++i) {
       const int64_t q0 = i * kBlock;
       for (int64_t hh = 0; hh < s.group; ++hh)
-        pack_query_tile(s, item_query_tile(s, w.item, hh, i), a, b, g * s.group + hh, q0, std::min(kBlock, s.T - q0));
+        pack_query_tile<U>(s, item_query_tile(s, w.item, hh, i), a, b, g * s.group + hh, q0,
+                           std::min(kBlock, s.T - q0), w.Kb);
     }
   }
   for (int64_t j = j_begin; j < j_end; ++j) {
@@ -624,7 +700,7 @@ void backward_key_tiles_on(const Dims& s, const BackwardArgs& a, int64_t b, int6
         const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
         const bool diag = s.causal && i == j;
         const QueryTile query = packed ? item_query_tile(s, w.item, hh, i) : w.query;
-        if (!packed) pack_query_tile(s, query, a, b, h, q0, nq);
+        if (!packed) pack_query_tile<U>(s, query, a, b, h, q0, nq, w.Kb);
         const float* Di = w.Di;
         if (packed) {
           Di = Di_all + hh * s.T + q0;
@@ -635,16 +711,29 @@ void backward_key_tiles_on(const Dims& s, const BackwardArgs& a, int64_t b, int6
         tile_probabilities<U>(s, w, key, query, a.lse + (b * s.H + h) * s.T + q0, Di, nq, nk, diag, packed);
         const int64_t query_pairs = (nq + 1) / 2;
         const Causal from = diag ? Causal::PairsFromRow : Causal::None, to = diag ? Causal::PairsToRow : Causal::None;
-        dp_matmul<U>(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp, from);  // P^T dO
-        dp_matmul<U>(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp, from);  // dS^T Q
+        if constexpr (U::kTiles) {  // dV^T += dO^T P, dK^T += Q^T dS: A packed transposed, all kPairs pairs
+          dp_matmul<U>(w.dV, kBlock, nullptr, true, 1.0f, query.dOp, kPairs, 1, w.Pp, kBlock, Dp, kPairs, kBlock);
+          dp_matmul<U>(w.dK, kBlock, nullptr, true, 1.0f, query.Qp, kPairs, 1, w.dSp, kBlock, Dp, kPairs, kBlock);
+        } else {
+          dp_matmul<U>(w.dV, Dp, nullptr, true, 1.0f, w.Pp, 1, kBlock, query.dOp, Dp, nk, query_pairs, Dp, from);  // P^T dO
+          dp_matmul<U>(w.dK, Dp, nullptr, true, 1.0f, w.dSp, 1, kBlock, query.Qp, Dp, nk, query_pairs, Dp, from);  // dS^T Q
+        }
         if (packed)  // dQ_i += dS K_j
           dp_matmul<U>(dQ + (hh * s.T + q0) * Dp, Dp, nullptr, true, 1.0f, w.dSb, kPairs, 1, key.Kp, Dp, nq, (nk + 1) / 2,
                     Dp, to);
       }
     }
     float* tok = a.dkv + (b * s.Tk + k0) * s.kv_row;
-    S::write_rows(tok + s.k_col + g * D, s.kv_row, w.dK, Dp, nk, D);
-    S::write_rows(tok + s.v_col + g * D, s.kv_row, w.dV, Dp, nk, D);
+    if constexpr (U::kTiles) {  // dK^T, dV^T: column c is key c
+      for (int64_t c = 0; c < nk; ++c)
+        for (int64_t d = 0; d < D; ++d) {
+          tok[c * s.kv_row + s.k_col + g * D + d] = w.dK[d * kBlock + c];
+          tok[c * s.kv_row + s.v_col + g * D + d] = w.dV[d * kBlock + c];
+        }
+    } else {
+      S::write_rows(tok + s.k_col + g * D, s.kv_row, w.dK, Dp, nk, D);
+      S::write_rows(tok + s.v_col + g * D, s.kv_row, w.dV, Dp, nk, D);
+    }
   }
   if (packed)
     for (int64_t hh = 0; hh < s.group; ++hh)
@@ -656,7 +745,7 @@ void backward_query_tile_on(const Dims& s, const BackwardArgs& a, int64_t b, int
   Bf16BackwardTiles w = carve_backward(ws, s.Dp);
   const int64_t D = s.D, Dp = s.Dp, g = h / s.group;
   const int64_t q0 = i * kBlock, nq = std::min(kBlock, s.T - q0);
-  pack_query_tile(s, w.query, a, b, h, q0, nq);
+  pack_query_tile<U>(s, w.query, a, b, h, q0, nq, w.Kb);
   const int64_t off = (b * s.T + q0) * s.out_row + h * D;
   S::row_dots(w.Di, a.dout + off, a.out + off, s.out_row, nq, D);
   std::fill(w.dQ, w.dQ + kBlock * Dp, 0.0f);
