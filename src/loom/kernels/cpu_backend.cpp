@@ -54,9 +54,11 @@ std::string CpuBackend::describe() const {
   std::string bf16 = gemm_bf16_mode() == Bf16GemmMode::Native
                          ? "native"
                          : "unavailable on this CPU: bf16 runs as bf16-rounded inputs with f32 GEMMs";
-  // A CPU with AMX whose tile unit Loom cannot use says why (OS permission, self-test).
+  // A CPU with AMX whose tile unit Loom cannot use says why (OS permission, self-test); under an ISA
+  // cap below amx the unit is not probed at all.
   const std::string amx_note =
-      f.amx_tile && f.amx_bf16 && !amx_tiles_status().ready ? "; AMX tiles unused: " + amx_tiles_status().detail : "";
+      f.kernel_isa() >= KernelIsa::Amx && !amx_tiles_status().ready ? "; AMX tiles unused: " + amx_tiles_status().detail
+                                                                      : "";
   return "cpu " + f.summary() + ", " + std::to_string(threads_) + " threads, kernels " + f.vector_isa() +
          ", gemm f32 " + gemm_impl_name(DType::F32) + ", gemm bf16 " + gemm_impl_name(DType::BF16) + " (bf16 " +
          bf16 + "), attention " + attention_path_name(attention_path(false)) + " (bf16 runs: " +

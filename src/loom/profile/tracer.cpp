@@ -142,22 +142,26 @@ void Tracer::write_chrome_trace_parts(const std::string& path, const std::vector
 void Tracer::prepare_trace_file(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path file(path);
+  const std::string fix = "; give a trace path in a writable folder";
   if (file.filename().empty())
     throw IoError("trace file '" + path + "' names a folder: give a file name, e.g. " + (file / "trace.json").string());
   const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
+  if (ec || !fs::is_directory(dir, ec))
     throw IoError("cannot create the folder '" + dir.string() + "' for the trace file '" + path + "'" +
-                  (ec ? " (" + ec.message() + ")" : std::string()) + ": give a trace path in a writable folder");
-  if (fs::is_directory(file))
+                  (ec ? " (" + ec.message() + ")" : std::string()) + fix);
+  const fs::file_status st = fs::status(file, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw IoError("cannot check the trace file '" + path + "' (" + ec.message() + ")" + fix);
+  if (fs::is_directory(st))
     throw IoError("trace file '" + path + "' is a folder: give a file name, e.g. " + (file / "trace.json").string());
   // access() rather than opening the file: an existing trace is only replaced once the run has one.
-  const bool writable = fs::exists(file) ? ::access(file.c_str(), W_OK) == 0 : ::access(dir.c_str(), W_OK | X_OK) == 0;
+  const bool exists = fs::exists(st);
+  const bool writable = exists ? ::access(file.c_str(), W_OK) == 0 : ::access(dir.c_str(), W_OK | X_OK) == 0;
   if (!writable)
     throw IoError("cannot write the trace file '" + path + "': " +
-                  (fs::exists(file) ? "the file is read-only" : "the folder '" + dir.string() + "' is not writable") +
-                  "; give a trace path in a writable folder");
+                  (exists ? "the file is read-only" : "the folder '" + dir.string() + "' is not writable") + fix);
 }
 
 void Tracer::write_chrome_trace(const std::string& path) const {

@@ -16,7 +16,8 @@
 //   * SoftwareTiles computes the same thing in scalar code on a per-thread copy of the registers, so
 //     that the AMX kernels' layouts, blocking and bounds are tested on CPUs without AMX; it follows
 //     the instruction's definition (each product exact in f32, the two pairs' products added in
-//     order, one rounding each), so it is the reference the hardware is checked against.
+//     order, one rounding each), so it is the reference the hardware is checked against -- away
+//     from denormals, which the instruction treats as zero and this unit does not.
 // Tile numbers are template arguments because the instructions take them as immediates.
 #pragma once
 
@@ -56,8 +57,11 @@ inline TileConfig uniform_config() {
 
 struct HardwareTiles {
   static constexpr bool kTiles = true;
+  // GCC's tile loads (and LDTILECFG) are inline assembly with register operands only: without a
+  // memory clobber the compiler may move earlier plain stores of the operands past them.
   LOOM_AMX_TARGET static void configure() {
     static const TileConfig config = uniform_config();
+    __asm__ __volatile__("" ::: "memory");
     _tile_loadconfig(&config);
   }
   LOOM_AMX_TARGET static void release() { _tile_release(); }
@@ -71,6 +75,7 @@ struct HardwareTiles {
   // 16 rows of 64 bytes, `stride` bytes apart.
   template <int T>
   LOOM_AMX_TARGET static void load(const void* src, int64_t stride) {
+    __asm__ __volatile__("" ::: "memory");  // see configure()
 #define LOOM_TILE_LOAD(n) \
   if constexpr (T == n) _tile_loadd(n, src, stride);
     LOOM_TILE_NUMBERS(LOOM_TILE_LOAD)
