@@ -61,6 +61,23 @@ TEST(TrainCli, TrainsTinyAndLeavesMetricsManifestAndTrace) {
   fs::remove_all(dir);
 }
 
+// --version (and every run's manifest) names the commit the binary was built from: it was captured
+// when CMake configured the build folder, and went stale with every later commit.
+TEST(TrainCli, VersionNamesTheCommitTheBinaryWasBuiltFrom) {
+  std::string head;
+  if (FILE* p = popen("git -C " LOOM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, p)) head = buf;
+    pclose(p);
+  }
+  while (!head.empty() && (head.back() == '\n' || head.back() == ' ')) head.pop_back();
+  auto r = run("--version");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  if (head.empty()) GTEST_SKIP() << "no git checkout: " << r.out;
+  // The binary may be a build of HEAD with local changes ("-dirty"), never of another commit.
+  EXPECT_NE(r.out.find("(" + head), std::string::npos) << r.out << " vs HEAD " << head;
+}
+
 // A trace path that cannot be written is refused before the first step (it was refused after the
 // whole run, losing its trace), and nothing of the run is written.
 TEST(TrainCli, AnUnwritableTracePathIsRefusedBeforeAnyWork) {

@@ -6,6 +6,7 @@
 
 #include "loom/cli/commands.h"
 #include "loom/error.h"
+#include "loom_git_commit.h"  // generated at build time (cmake/git_commit.cmake)
 
 int main(int argc, char** argv) {
   // A file-size limit must surface as a write error (EFBIG) Loom can report, not a silent kill.

@@ -13,6 +13,7 @@
 #include "loom/cli/run_prediction.h"
 #include "loom/comm/job_env.h"
 #include "loom/error.h"
+#include "loom_git_commit.h"  // generated at build time (cmake/git_commit.cmake)
 #include "loom/plan/engine_memory.h"
 #include "loom/spec/pipeline_schedule.h"
 #include "loom/spec/pipeline_stages.h"
