@@ -423,8 +423,9 @@ TEST(Attention, AmxTilesAreUsedExactlyWhereTheCpuHasThem) {
     // A refusal by the OS (seccomp, a small signal stack) is the environment's; a failed self-test is Loom's.
     if (!amx.ready) std::cout << "AMX tiles unused here: " << amx.detail << "\n";
     EXPECT_EQ(amx.detail.find("self-test"), std::string::npos) << amx.detail;
-    if (amx.ready && CpuFeatures::detect().kernel_isa() == KernelIsa::Amx)
+    if (amx.ready && CpuFeatures::detect().kernel_isa() == KernelIsa::Amx) {
       EXPECT_EQ(attention_path(true), AttentionPath::Bf16Amx);
+    }
   } else {
     EXPECT_FALSE(amx.ready);
     EXPECT_NE(amx.detail.find("no AMX"), std::string::npos) << amx.detail;
