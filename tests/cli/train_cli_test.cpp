@@ -97,6 +97,22 @@ TEST(TrainCli, AnUnwritableTracePathIsRefusedBeforeAnyWork) {
   fs::remove_all(dir);
 }
 
+// The same for the checkpoint folder: it is made by the first save, and a save that fails after the
+// run's steps lost them all.
+TEST(TrainCli, AnUnwritableCheckpointFolderIsRefusedBeforeAnyWork) {
+  auto dir = scratch("bad-ckpt");
+  fs::create_directories(dir);
+  std::ofstream(dir / "a-file") << "x";
+  auto r = run("train --set model.preset=tiny --set train.steps=2 --set train.out_dir=" + (dir / "out").string() +
+               " --save-dir " + (dir / "a-file" / "ck").string() + " --save-every 2 -q");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("loom: error: checkpoint.dir"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is a file, not a folder"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 1"), std::string::npos) << "no step may run before the refusal\n" << r.err;
+  EXPECT_FALSE(fs::exists(dir / "out" / "metrics.jsonl"));
+  fs::remove_all(dir);
+}
+
 TEST(TrainCli, QuietPrintsNothingButTheJsonSummary) {
   auto dir = scratch("quiet");
   auto r =

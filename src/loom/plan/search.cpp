@@ -13,14 +13,19 @@ namespace loom::plan {
 
 namespace {
 
-int parse_int(const std::string& key, const std::string& v) {
+// A layout size (dp, tp, ... at least 1) or a ZeRO stage (0..3). tp = 0 reached the search and
+// divided by it (SIGFPE).
+int parse_int(const std::string& key, const std::string& v, int lo, int hi) {
   try {
     size_t used = 0;
     int x = std::stoi(v, &used);
-    if (used == v.size() && x >= 0) return x;
+    if (used == v.size() && x >= lo && x <= hi) return x;
   } catch (const std::exception&) {
   }
-  throw ConfigError("--fix " + key + "=" + v + ": expected a non-negative integer");
+  if (hi == std::numeric_limits<int>::max())
+    throw ConfigError("--fix " + key + "=" + v + ": expected an integer >= " + std::to_string(lo));
+  throw ConfigError("--fix " + key + "=" + v + ": expected an integer from " + std::to_string(lo) + " to " +
+                    std::to_string(hi));
 }
 
 std::vector<int> divisors(int64_t n, int64_t limit) {
@@ -59,27 +64,33 @@ void apply_fix(Fixed& f, const std::string& kv) {
   auto eq = kv.find('=');
   if (eq == std::string::npos) throw ConfigError("--fix '" + kv + "': expected key=value");
   std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-  if (k == "dp") f.dp = parse_int(k, v);
-  else if (k == "tp") f.tp = parse_int(k, v);
-  else if (k == "pp") f.pp = parse_int(k, v);
-  else if (k == "cp") f.cp = parse_int(k, v);
-  else if (k == "ep") f.ep = parse_int(k, v);
-  else if (k == "v" || k == "vpp") f.vpp = parse_int(k, v);
-  else if (k == "mb" || k == "micro_batch") f.micro_batch = parse_int(k, v);
-  else if (k == "zero") f.zero = parse_int(k, v);
+  constexpr int kAny = std::numeric_limits<int>::max();
+  // Each key once: a second value used to replace the first without a word.
+  auto once = [&](auto& slot, auto value) {
+    if (slot) throw ConfigError("--fix " + k + " is given twice (" + kv + "): give each layout key once");
+    slot = value;
+  };
+  if (k == "dp") once(f.dp, parse_int(k, v, 1, kAny));
+  else if (k == "tp") once(f.tp, parse_int(k, v, 1, kAny));
+  else if (k == "pp") once(f.pp, parse_int(k, v, 1, kAny));
+  else if (k == "cp") once(f.cp, parse_int(k, v, 1, kAny));
+  else if (k == "ep") once(f.ep, parse_int(k, v, 1, kAny));
+  else if (k == "v" || k == "vpp") once(f.vpp, parse_int(k, v, 1, kAny));
+  else if (k == "mb" || k == "micro_batch") once(f.micro_batch, parse_int(k, v, 1, kAny));
+  else if (k == "zero") once(f.zero, parse_int(k, v, 0, 3));
   else if (k == "sp") {
     if (v != "0" && v != "1" && v != "true" && v != "false") throw ConfigError("--fix sp=" + v + ": expected 0 or 1");
-    f.sp = v == "1" || v == "true";
+    once(f.sp, v == "1" || v == "true");
   } else if (k == "recompute") {
-    f.recompute = spec::parse_recompute(v, "--fix recompute");
+    once(f.recompute, spec::parse_recompute(v, "--fix recompute"));
   } else if (k == "schedule") {
-    if (v == "gpipe") f.schedule = Schedule::GPipe;
-    else if (v == "1f1b") f.schedule = Schedule::OneFOneB;
-    else if (v == "interleaved") f.schedule = Schedule::Interleaved;
-    else if (v == "zero-bubble") f.schedule = Schedule::ZeroBubble;
+    if (v == "gpipe") once(f.schedule, Schedule::GPipe);
+    else if (v == "1f1b") once(f.schedule, Schedule::OneFOneB);
+    else if (v == "interleaved") once(f.schedule, Schedule::Interleaved);
+    else if (v == "zero-bubble") once(f.schedule, Schedule::ZeroBubble);
     else throw ConfigError("--fix schedule=" + v + ": valid: gpipe, 1f1b, interleaved, zero-bubble");
   } else if (k == "cp_mode") {
-    f.cp_all_to_all = spec::parse_cp_mode(v) == spec::CpMode::AllToAll;
+    once(f.cp_all_to_all, spec::parse_cp_mode(v) == spec::CpMode::AllToAll);
   } else {
     throw ConfigError("--fix '" + k +
                       "' is not a layout key (valid: dp tp pp cp cp_mode ep v mb zero sp recompute schedule)");

@@ -25,6 +25,7 @@
 #include "loom/core/checksum.h"
 #include "loom/core/file_reader.h"
 #include "loom/core/file_writer.h"
+#include "loom/core/output_folder.h"
 #include "loom/core/safetensors.h"
 #include "loom/error.h"
 #include "loom/kernels/elementwise.h"
@@ -80,7 +81,9 @@ void CheckpointManager::fault_point(const char* phase) const {
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resuming, int rank, int ranks)
     : dir_(std::move(dir)), keep_(keep), rank_(rank), ranks_(ranks) {
-  // The folder is created by the first save: a run that never saves leaves nothing behind.
+  // The folder is created by the first save: a run that never saves leaves nothing behind. Whether it
+  // can be is checked now: a save that fails after the run's first hours loses them.
+  check_output_folder(dir_, "checkpoint.dir (--save-dir)");
   std::error_code ec;
   if (resuming) {
     if (auto l = newest_complete_checkpoint(dir_)) run_id_ = read_checkpoint_manifest(*l).run_id;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "loom/comm/world.h"
+#include "loom/core/output_folder.h"
 #include "loom/error.h"
 #include "loom/kernels/cpu_backend.h"
 #include "loom/kernels/peak_probe.h"
@@ -109,6 +110,8 @@ SessionSummary Session::run() {
 
   // Rank 0 writes the trace (the merged one of a multi-rank job): its path is checked before any work.
   if (!cfg.trace.file.empty() && job.rank == 0) profile::Tracer::prepare_trace_file(cfg.trace.file);
+  // The checkpoint folder too (CheckpointManager checks it again), before the metrics log is opened.
+  check_output_folder(cfg.checkpoint.dir, "checkpoint.dir (--save-dir)");
   profile::Tracer tracer(!cfg.trace.file.empty() ? profile::Tracer::Mode::Full
                          : cfg.trace.summary    ? profile::Tracer::Mode::Summary
                                                 : profile::Tracer::Mode::Off,

@@ -1,0 +1,53 @@
+#include "loom/core/output_folder.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "loom/error.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What check_output_folder must refuse before a run starts, and what it must let through without
+// creating anything.
+TEST(OutputFolder, RefusesPathsThatCannotHoldFilesAndCreatesNothing) {
+  const fs::path root = fs::temp_directory_path() / ("loom-output-folder-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  std::ofstream(root / "a-file") << "x";
+
+  EXPECT_NO_THROW(check_output_folder((root / "new" / "deeper").string(), "checkpoint.dir"));
+  EXPECT_FALSE(fs::exists(root / "new")) << "the check must create nothing";
+  EXPECT_NO_THROW(check_output_folder(root.string(), "checkpoint.dir"));
+  EXPECT_NO_THROW(check_output_folder("relative/folder", "checkpoint.dir"));
+
+  auto refused = [&](const std::string& dir, const std::string& expect) {
+    try {
+      check_output_folder(dir, "checkpoint.dir");
+      ADD_FAILURE() << dir << " was accepted";
+    } catch (const IoError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("checkpoint.dir"), std::string::npos) << what;
+      EXPECT_NE(what.find(expect), std::string::npos) << what;
+    }
+  };
+  refused((root / "a-file").string(), "is a file, not a folder");
+  refused((root / "a-file" / "ck").string(), "is a file, not a folder");
+  refused((root / std::string(300, 'x')).string(), "longer than the");
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::create_directories(root / "read-only");
+    fs::permissions(root / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
+    refused((root / "read-only" / "ck").string(), "is not writable");
+    fs::permissions(root / "read-only", fs::perms::owner_all);
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace loom
