@@ -113,6 +113,26 @@ TEST(TrainCli, AnUnwritableCheckpointFolderIsRefusedBeforeAnyWork) {
   fs::remove_all(dir);
 }
 
+// More validation batches than the validation split holds read each sample once, not the split over
+// and over (a million batches of a 22-window split ran for hours and looked hung).
+TEST(TrainCli, ValidationReadsTheSplitAtMostOnce) {
+  auto dir = scratch("eval-cap");
+  ASSERT_EQ(run("prepare --input /usr/share/games/fortunes/art --out " + (dir / "d").string() +
+                " --vocab-size 512 --threads 1 --quiet")
+                .rc,
+            0);
+  auto r = run("train --config " LOOM_SOURCE_DIR "/configs/tiny.toml --set train.steps=2 --set train.eval_every=1 "
+               "--set train.eval_batches=1000000 --set data.source=shards --set model.vocab_size=512 --set data.dir=" +
+               (dir / "d").string() + " --set train.out_dir=" + (dir / "out").string() + " --save-dir " +
+               (dir / "ck").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("note: train.eval_batches = 1000000 is more than one pass over the validation split"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("val "), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 TEST(TrainCli, QuietPrintsNothingButTheJsonSummary) {
   auto dir = scratch("quiet");
   auto r =
@@ -185,7 +205,16 @@ TEST(TrainCli, ImpossibleSizesAndBadFlagsAreOneLineErrorsBeforeAnyWork) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--temperature: nan is out of range"), std::string::npos) << r.err;
   // Each line above is one line: no stack of messages.
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;  // CLI11 adds "Run with --help"
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("loom: error: --temperature"), std::string::npos) << r.err;
+  // Flags that exclude each other, and numeric flags out of range, the same way.
+  r = run("generate --checkpoint nowhere --prompt x --prompt-ids \"1 2\"");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("loom: error: --prompt excludes --prompt-ids"), std::string::npos) << r.err;
+  r = run("verify --config " LOOM_SOURCE_DIR "/configs/tiny.toml --layouts \"dp=1;dp=2\" --tolerance -1");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--tolerance: -1 is out of range"), std::string::npos) << r.err;
 }
 
 // A loss spike (z-score over the last applied steps) is not applied when train.loss_spike_zscore is set:

@@ -56,3 +56,33 @@ TEST(MetricsLog, ResumingDropsTheStepsThatRunAgainAndAnyCutLine) {
 
 }  // namespace
 }  // namespace loom::train
+
+namespace loom::train {
+namespace {
+
+// Each new run in a folder keeps the earlier log beside its own, named by when it was last written
+// (UTC, readable) -- every one of them, even when several runs end within the same second.
+TEST(MetricsLog, EveryEarlierRunsLogIsKeptUnderADatedName) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("loom-metrics-kept-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (int run = 0; run < 4; ++run) {
+    MetricsLog log(dir.string(), /*append=*/false);
+    StepMetrics m;
+    m.step = run + 1;
+    log.write(m);
+  }
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string() != "metrics.jsonl") kept.push_back(e.path().filename().string());
+  ASSERT_EQ(kept.size(), 3u);
+  for (const auto& name : kept) {
+    // metrics-YYYYmmdd-HHMMSS[-n].jsonl, of this century
+    EXPECT_EQ(name.rfind("metrics-20", 0), 0u) << name;
+    EXPECT_EQ(name[16], '-') << name;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::train

@@ -118,8 +118,9 @@ void register_generate(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint (KV-cached decoding)");
   cmd->add_option("--checkpoint", o->checkpoint, "a step-N checkpoint folder, or a checkpoint dir (its latest)")
       ->required();
-  cmd->add_option("--prompt", o->prompt, "text to continue (needs a checkpoint trained on prepared shards)");
-  cmd->add_option("--prompt-ids", o->prompt_ids, "the prompt as space-separated token ids");
+  // One prompt or the other: given both, the ids were generated from and the text printed.
+  auto* text = cmd->add_option("--prompt", o->prompt, "text to continue (needs a checkpoint trained on prepared shards)");
+  cmd->add_option("--prompt-ids", o->prompt_ids, "the prompt as space-separated token ids")->excludes(text);
   cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate (stops early at end of text)")
       ->capture_default_str()
       ->check(finite_range(1, 1 << 24));

@@ -30,7 +30,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" that succeed; a real one reads like every other Loom error:
+    // one line, exit status 1 (CLI11's own form was two lines and a status of 100-odd).
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "loom: error: %s (see `loom %s--help`)\n", e.what(),
+                 argc > 1 && argv[1][0] != '-' ? (std::string(argv[1]) + " ").c_str() : "");
+    return 1;
   }
   try {
     return action ? action() : 0;

@@ -318,9 +318,11 @@ void register_verify(CLI::App& app, Action& action) {
                   "bucket_kb v, sp and overlap 0/1, schedule, layers 1/3, recompute none|selective|full, cp_mode ring|all-to-all); "
                   "the first is the reference");
   cmd->add_option("--steps", a->steps, "steps per layout (default 10: past warm-up)");
+  // 0, negative and NaN were taken as "not given" and replaced by the default, silently.
   cmd->add_option("--tolerance", a->tolerance,
                   "largest relative loss difference allowed (default fp32 1e-5, bf16 1e-2; with --numerics, on the "
-                  "final validation loss, 0.01)");
+                  "final validation loss, 0.01)")
+      ->check(finite_range(1e-12, 1e6));
   cmd->add_flag("--keep", a->keep, "keep each run's folder (metrics, log) for inspection");
   cmd->add_flag("--numerics", a->numerics,
                 "compare precisions instead of layouts: the config's own layout trained once per --precisions entry, "

@@ -1,6 +1,7 @@
 #include "loom/train/run_log.h"
 
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -45,11 +46,20 @@ MetricsLog::MetricsLog(const std::string& out_dir, bool append)
     : path_((fs::path(out_dir) / "metrics.jsonl").string()) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  // A new run never overwrites an earlier run's log: it is kept beside, named by its last write time.
+  // A new run never overwrites an earlier run's log: it is kept beside, named by its last write time
+  // (UTC), with a counter when two runs ended within the same second. (The time was the file clock's
+  // count, not Unix time -- a negative number -- and a second log of the same second replaced the first.)
   if (!append && fs::file_size(path_, ec) > 0 && !ec) {
-    auto stamp = std::chrono::duration_cast<std::chrono::seconds>(
-                     fs::last_write_time(path_).time_since_epoch()).count();
-    fs::path kept = fs::path(out_dir) / ("metrics-" + std::to_string(stamp) + ".jsonl");
+    const auto written = std::chrono::floor<std::chrono::seconds>(
+        std::chrono::file_clock::to_sys(fs::last_write_time(path_)));
+    const std::time_t t = std::chrono::system_clock::to_time_t(written);
+    std::tm utc{};
+    gmtime_r(&t, &utc);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+    fs::path kept = fs::path(out_dir) / ("metrics-" + std::string(stamp) + ".jsonl");
+    for (int n = 2; fs::exists(kept); ++n)
+      kept = fs::path(out_dir) / ("metrics-" + std::string(stamp) + "-" + std::to_string(n) + ".jsonl");
     fs::rename(path_, kept, ec);
     if (ec) throw IoError("cannot keep the earlier log '" + path_ + "' as '" + kept.string() + "': " + ec.message());
   }

@@ -227,6 +227,11 @@ SessionSummary Session::run() {
                     cfg.parallel.dp / cfg.parallel.ep));
   Trainer trainer(cfg, backend, peak.flops_per_s, &par);
   say("data: " + trainer.data().describe());
+  if (cfg.train.eval_every > 0 && trainer.eval_batches() < cfg.train.eval_batches)
+    say(fmt::format("note: train.eval_batches = {} is more than one pass over the validation split ({} samples, "
+                    "batch {}): each validation reads {} batches",
+                    cfg.train.eval_batches, trainer.data().samples(Split::Validation), cfg.train.batch_size,
+                    trainer.eval_batches()));
   if (world) check_ranks_agree(world->group(), data_facts(trainer.data()), "the data");
   if (o.check_replicas > 0 && cfg.parallel.ep > 1)
     say("note: --check-replicas does not yet compare replicas under expert parallelism (each holds other experts); "

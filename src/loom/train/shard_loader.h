@@ -37,6 +37,7 @@ class ShardLoader final : public TokenSource {
   // Windows of seq_len + 1 tokens in one epoch of `split` (consecutive windows
   // share one token).
   int64_t windows(Split split) const { return stream(split).windows; }
+  int64_t samples(Split split) const override { return windows(split); }
 
   // Where global sample `index` of `split` starts: shard number and token
   // offset in it.

@@ -31,6 +31,8 @@ class TokenSource {
   // What the tokens are, as every rank of a job must see it: the tokenizer and the set of shards with
   // their checksums (the content, not the folder's path), or "synthetic".
   virtual std::string identity() const = 0;
+  // Samples in one pass over `split`, or 0 for a source without end (synthetic data).
+  virtual int64_t samples(Split) const { return 0; }
 };
 
 // Builds the source the config names (data.source). Throws ConfigError / IoError naming the fix.

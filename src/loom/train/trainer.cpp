@@ -303,6 +303,12 @@ std::string Trainer::non_finite_gradient() const {
   return "the gradient norm is non-finite (an overflow in the sum of squares)";
 }
 
+int64_t Trainer::eval_batches() const {
+  const int64_t windows = data_->samples(Split::Validation);
+  if (windows <= 0) return cfg_.train.eval_batches;
+  return std::min(cfg_.train.eval_batches, std::max<int64_t>(1, windows / cfg_.train.batch_size));
+}
+
 double Trainer::evaluate() {
   profile::Span span(backend_.tracer(), "eval", profile::Category::Step);
   data_parallel_->begin_micro_batch(false, false);
@@ -312,7 +318,8 @@ double Trainer::evaluate() {
   // (ZeRO-3 gathers weights collectively in each).
   const int64_t B = cfg_.train.batch_size, mb = cfg_.micro_batch(), share = B / data_ranks_;
   double sum = 0;  // of micro-batch mean losses: all hold mb x T / cp targets, so their mean is the mean loss
-  for (int64_t b = 0; b < cfg_.train.eval_batches; ++b) {
+  const int64_t batches = eval_batches();
+  for (int64_t b = 0; b < batches; ++b) {
     if (pipeline_) {
       sum += pipeline_->evaluate(static_cast<int>(share / mb), tokens_, targets_, [&](int64_t m) {
         load(b * B + data_rank_ * share + m * mb, Split::Validation);
@@ -324,7 +331,7 @@ double Trainer::evaluate() {
       sum += model_->forward(ctx_, tokens_, targets_, 0.0f);
     }
   }
-  return dp_sum(pp_sum(sum)) / static_cast<double>(cfg_.train.eval_batches * (B / mb) * cp_);
+  return dp_sum(pp_sum(sum)) / static_cast<double>(batches * (B / mb) * cp_);
 }
 
 void Trainer::check_replicas(int64_t step) {

@@ -78,9 +78,13 @@ class Trainer {
 
   // Runs one optimizer step (step counts from 1).
   StepMetrics train_step(int64_t step);
-  // Mean loss over the first train.eval_batches x train.batch_size validation samples (the same set
+  // Mean loss over the first eval_batches() x train.batch_size validation samples (the same set
   // under every layout and micro-batch size).
   double evaluate();
+  // train.eval_batches, at most the whole batches in one pass over the validation split (at least
+  // one): past that a validation would only go round the same samples again (a million batches of a
+  // 44-window split ran for hours).
+  int64_t eval_batches() const;
   // Data parallelism: hashes this replica's weights and optimizer state, compares the hashes across the
   // dp group and throws NumericError naming the first rank that differs from dp rank 0 (replicas
   // must stay bitwise identical). Collective over the dp group; a no-op alone.
