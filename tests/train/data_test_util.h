@@ -34,6 +34,11 @@ inline void write_text(const std::filesystem::path& p, const std::string& text) 
   std::ofstream(p, std::ios::binary) << text;
 }
 
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // A made-up language: words of 1-4 syllables, sentences of 3-12 words, some
 // punctuation.
 class TextGen {

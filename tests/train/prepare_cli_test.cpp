@@ -197,6 +197,29 @@ TEST_F(PrepareTest, OutputFolderWithForeignFilesIsRefused) {
   EXPECT_TRUE(fs::exists(root_ / "out" / "notes.txt"));
 }
 
+// A shard set is replaced only when asked: runs and checkpoints made from it need its tokenizer.
+TEST_F(PrepareTest, AnExistingShardSetIsReplacedOnlyWithOverwrite) {
+  auto c = make_corpus(root_ / "corpus", 20);
+  PrepareOptions o;
+  o.inputs = {c.dir.string()};
+  o.out_dir = root_ / "out";
+  o.vocab_size = 400;
+  o.threads = 1;
+  const auto first = prepare_corpus(o);
+  const auto manifest_before = test::read_text(root_ / "out" / "manifest.json");
+  o.seed += 1;  // another split: a replacement would show
+  try {
+    prepare_corpus(o);
+    ADD_FAILURE() << "an existing shard set was replaced without --overwrite";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::read_text(root_ / "out" / "manifest.json"), manifest_before) << "nothing may change";
+  o.overwrite = true;
+  const auto second = prepare_corpus(o);
+  EXPECT_NE(second.set.validation_document_ids, first.set.validation_document_ids);
+}
+
 TEST_F(PrepareTest, CliPreparesShardsThatTrainTinyRunsOn) {
   auto c = make_corpus(root_ / "corpus", 150);
   const fs::path out = root_ / "shards";

@@ -179,6 +179,7 @@ void register_prepare(CLI::App& app, Action& action) {
   cmd->add_option("--threads", o->prep.threads, "threads for tokenizer training (0: all cores; LOOM_THREADS overrides)")
       ->capture_default_str()
       ->check(finite_range(0, 4096));
+  cmd->add_flag("--overwrite", o->prep.overwrite, "replace a shard set already in --out (refused otherwise)");
   cmd->add_flag("-q,--quiet", o->quiet, "no progress output");
   cmd->add_flag("--json", o->json, "print a one-line JSON summary on stdout at the end");
   cmd->footer(

@@ -123,6 +123,10 @@ PrepareResult prepare_corpus(const PrepareOptions& o, const std::function<void(c
     throw ConfigError(fmt::format("--val-fraction {} must be in [0, 1)", o.val_fraction));
   if (o.shard_tokens < 1) throw ConfigError("--shard-tokens must be positive");
   if (o.out_dir.empty()) throw ConfigError("--out is required: the folder to write the shards into");
+  if (!o.overwrite && fs::exists(o.out_dir / kShardSetManifest))
+    throw ConfigError("--out '" + o.out_dir.string() + "' already holds a prepared shard set (runs and checkpoints " +
+                      "made from it need its tokenizer): pass --overwrite to replace it, or choose another --out " +
+                      "(nothing was changed)");
 
   PrepareResult r;
   r.files = find_corpus_files(o.inputs);

@@ -24,6 +24,9 @@ struct PrepareOptions {
   uint64_t seed = 1234;                     // the split (and the tokenizer's sentence sample)
   int64_t shard_tokens = int64_t{1} << 26;  // a shard closes after the document that reaches this
   int threads = 2;
+  // Replace a shard set already in out_dir. Without it that is refused: checkpoints trained on the old
+  // set need its tokenizer, and a re-run used to replace it without a word.
+  bool overwrite = false;
 };
 
 struct PrepareProgress {
