@@ -97,6 +97,16 @@ class PrepareTest : public ::testing::Test {
     root_ = test::scratch_dir("prepare");
   }
   void TearDown() override { fs::remove_all(root_); }
+  // A corpus under root_ (make_corpus, docs_per_file a file), prepared into root_/out with a 400-piece
+  // tokenizer.
+  PrepareOptions options(int docs_per_file) {
+    PrepareOptions o;
+    o.inputs = {make_corpus(root_ / "corpus", docs_per_file).dir.string()};
+    o.out_dir = root_ / "out";
+    o.vocab_size = 400;
+    o.threads = 1;
+    return o;
+  }
   fs::path root_;
 };
 
@@ -199,12 +209,7 @@ TEST_F(PrepareTest, OutputFolderWithForeignFilesIsRefused) {
 
 // A shard set is replaced only when asked: runs and checkpoints made from it need its tokenizer.
 TEST_F(PrepareTest, AnExistingShardSetIsReplacedOnlyWithOverwrite) {
-  auto c = make_corpus(root_ / "corpus", 20);
-  PrepareOptions o;
-  o.inputs = {c.dir.string()};
-  o.out_dir = root_ / "out";
-  o.vocab_size = 400;
-  o.threads = 1;
+  PrepareOptions o = options(20);
   const auto first = prepare_corpus(o);
   const auto manifest_before = test::read_text(root_ / "out" / "manifest.json");
   o.seed += 1;  // another split: a replacement would show
