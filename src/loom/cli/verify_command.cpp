@@ -322,7 +322,7 @@ void register_verify(CLI::App& app, Action& action) {
   cmd->add_option("--tolerance", a->tolerance,
                   "largest relative loss difference allowed (default fp32 1e-5, bf16 1e-2; with --numerics, on the "
                   "final validation loss, 0.01)")
-      ->check(finite_range(1e-12, 1e6));
+      ->check(finite_range(1e-30, 1e6));
   cmd->add_flag("--keep", a->keep, "keep each run's folder (metrics, log) for inspection");
   cmd->add_flag("--numerics", a->numerics,
                 "compare precisions instead of layouts: the config's own layout trained once per --precisions entry, "
