@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/error.h"
 
@@ -45,6 +47,28 @@ TEST(OutputFolder, RefusesPathsThatCannotHoldFilesAndCreatesNothing) {
     fs::permissions(root / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
     refused((root / "read-only" / "ck").string(), "is not writable");
     fs::permissions(root / "read-only", fs::perms::owner_all);
+  }
+  fs::remove_all(root);
+}
+
+// A file an output will be written to: its folder as above, and the path itself must not be a folder.
+TEST(OutputFolder, OutputFilesAreCheckedLikeTheirFolder) {
+  const fs::path root = fs::temp_directory_path() / ("loom-output-file-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  std::ofstream(root / "a-file") << "x";
+  EXPECT_NO_THROW(check_output_file((root / "new" / "hw.toml").string(), "--out"));
+  EXPECT_NO_THROW(check_output_file((root / "a-file").string(), "--out"));  // replaced later, kept now
+  EXPECT_FALSE(fs::exists(root / "new"));
+  for (const auto& [path, expect] : std::vector<std::pair<fs::path, std::string>>{
+           {root / "a-file" / "hw.toml", "is a file, not a folder"}, {root, "is a folder, not a file"}}) {
+    try {
+      check_output_file(path.string(), "--out");
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("--out '" + path.string() + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
   }
   fs::remove_all(root);
 }

@@ -21,6 +21,7 @@
 #include "loom/cli/layer_gemm_timing.h"
 #include "loom/core/allocator.h"
 #include "loom/core/cpu_features.h"
+#include "loom/core/output_folder.h"
 #include "loom/error.h"
 #include "loom/kernels/attention.h"
 #include "loom/kernels/cpu_backend.h"
@@ -244,6 +245,7 @@ PerRankKernels time_model_kernels_per_rank(const std::string &config, int ranks,
 int run_calibrate(const CalibrateOptions &o) {
   if (o.out.empty())
     throw ConfigError("loom calibrate needs --out FILE");
+  check_output_file(o.out, "--out");  // before minutes of measuring, not after
   const auto start = Clock::now();
   Allocator alloc;
   kernels::CpuBackend backend(alloc, nullptr, resolve_threads(o.threads));

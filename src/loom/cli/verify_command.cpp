@@ -17,6 +17,7 @@
 
 #include "loom/cli/commands.h"
 #include "loom/cli/loss_plot.h"
+#include "loom/core/output_folder.h"
 #include "loom/error.h"
 #include "loom/train/run_config.h"
 
@@ -160,6 +161,7 @@ std::string read_log(const fs::path& work, const std::string& name) {
 // --numerics: the config's own layout once per precision; each curve against the first precision's.
 // The bar is on the final validation loss (the final training loss when validation never ran).
 int verify_numerics(const VerifyArgs& a) {
+  if (!a.plot.empty()) check_output_file(a.plot, "--plot");  // before the runs, not after
   std::vector<std::string> precisions;
   for (size_t start = 0; start <= a.precisions.size();) {
     const size_t end = std::min(a.precisions.find(';', start), a.precisions.size());

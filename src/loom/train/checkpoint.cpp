@@ -88,8 +88,10 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t keep, bool resumin
   if (resuming) {
     if (auto l = newest_complete_checkpoint(dir_)) run_id_ = read_checkpoint_manifest(*l).run_id;
   } else if (holds_checkpoints(dir_)) {
-    throw ConfigError("checkpoint.dir '" + dir_ + "' already holds checkpoints of another run; pass --resume to " +
-                      "continue that run, or choose another --save-dir (nothing was overwritten)");
+    // Said for every writer (train, import, ckpt convert): not only train has --resume and --save-dir.
+    throw ConfigError("checkpoint folder '" + dir_ + "' already holds checkpoints of another run (nothing was " +
+                      "overwritten): write into another folder (train: --save-dir, import: --out), or continue " +
+                      "that run with `loom train --resume`");
   }
   if (run_id_.empty()) run_id_ = new_run_id();
   // Folders of saves that crashed half way: never a checkpoint, safe to remove (by rank 0 alone: the
