@@ -348,6 +348,10 @@ class CommBench {
     const int n = pg_.size();
     const size_t lo = std::max<size_t>(parse_bytes(a_.min_bytes), dtype_size(dtype_));
     const size_t hi = parse_bytes(a_.max_bytes);
+    // A size below one element is rounded up to one: say so rather than compare the sizes as given.
+    if (hi < dtype_size(dtype_))
+      throw ConfigError(fmt::format("bench comm: --max-bytes {} is less than one {} element ({} bytes)", a_.max_bytes,
+                                    a_.dtype, dtype_size(dtype_)));
     if (hi < lo) throw ConfigError(fmt::format("bench comm: --max-bytes {} is below --min-bytes {}", a_.max_bytes, a_.min_bytes));
     if (a_.factor < 2) throw ConfigError("bench comm: --step-factor must be at least 2");
     if (pg_.rank() == 0 && !a_.json) {

@@ -184,7 +184,7 @@ void register_ckpt(CLI::App& app, Action& action) {
   convert_cmd->add_option("out", c->out, "--to-layout: a new checkpoint.dir; --to hf: the output .safetensors file (as `loom export --out`)")->required();
   convert_cmd->add_option("--to", c->to, "hf: Hugging Face safetensors + config.json (as `loom export`)");
   convert_cmd->add_option("--to-layout", c->layout, "e.g. \"dp=4,tp=2,pp=1,zero=1\" (unnamed axes: 1, zero: 0)");
-  convert_cmd->add_option("--dtype", c->dtype, "--to hf: f32 or bf16 (default f32)");
+  convert_cmd->add_option("--dtype", c->dtype, "--to hf: f32 or bf16 (default f32)")->check(CLI::IsMember({"f32", "bf16"}));
   convert_cmd->callback([&action, c] { action = [c] { return convert(*c); }; });
 }
 

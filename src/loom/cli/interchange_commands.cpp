@@ -66,7 +66,8 @@ void register_interchange(CLI::App& app, Action& action) {
   ex->add_option("--checkpoint", (*e)[0], "a step-N checkpoint folder or a checkpoint dir")->required();
   ex->add_option("--out", (*e)[1], "output .safetensors file")->required();
   ex->add_option("--format", (*e)[2], "tensor naming and layout: hf")->capture_default_str();
-  ex->add_option("--dtype", (*e)[3], "f32 or bf16")->capture_default_str();
+  // Checked here: the dtype parser's own list (f32, bf16, i32, ...) named types export then refused.
+  ex->add_option("--dtype", (*e)[3], "f32 or bf16")->capture_default_str()->check(CLI::IsMember({"f32", "bf16"}));
   ex->callback([&action, e] { action = [e] { return run_export((*e)[0], (*e)[1], (*e)[2], (*e)[3]); }; });
 
   auto* im = app.add_subcommand("import", "Make a Loom checkpoint from Hugging Face safetensors");

@@ -174,9 +174,9 @@ void register_profile(CLI::App& app, Action& action) {
       ->required();
   report->add_option("--machine", o->machine, "hardware TOML from `loom calibrate` for the roofline");
   report->add_option("--peak-flops", o->peak_flops, "one rank's peak FLOP/s (overrides the run's and the machine's)")
-      ->check(finite_range(0, 1e20));
+      ->check(finite_range(1, 1e20));  // 0 was taken as "not given", silently
   report->add_option("--bandwidth", o->bandwidth, "one rank's memory bandwidth, bytes/s (default: measured now)")
-      ->check(finite_range(0, 1e16));
+      ->check(finite_range(1, 1e16));
   report->add_option("--skip-steps", o->skip_steps, "steps of each rank left out at the start (warm-up)")
       ->check(finite_range(0, 1e9));
   report->add_flag("--json", o->json, "print the report as JSON");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -311,6 +312,9 @@ Cluster resolve_cluster(const std::string& spec, const std::vector<std::string>&
       size_t used = 0;
       devices = std::stoi(n, &used);
       if (used != n.size() || devices < 1) throw std::invalid_argument(n);
+    } catch (const std::out_of_range&) {
+      throw ConfigError("--cluster '" + spec + "': device count '" + n + "' is too large (at most " +
+                        std::to_string(std::numeric_limits<int>::max()) + ")");
     } catch (const std::exception&) {
       throw ConfigError("--cluster '" + spec + "': device count '" + n + "' must be a positive integer");
     }
