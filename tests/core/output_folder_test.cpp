@@ -16,13 +16,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// What check_output_folder must refuse before a run starts, and what it must let through without
-// creating anything.
-TEST(OutputFolder, RefusesPathsThatCannotHoldFilesAndCreatesNothing) {
-  const fs::path root = fs::temp_directory_path() / ("loom-output-folder-" + std::to_string(::getpid()));
+// A fresh scratch folder holding one regular file, "a-file".
+fs::path scratch_with_a_file(const std::string& name) {
+  const fs::path root = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
   fs::remove_all(root);
   fs::create_directories(root);
   std::ofstream(root / "a-file") << "x";
+  return root;
+}
+
+// What check_output_folder must refuse before a run starts, and what it must let through without
+// creating anything.
+TEST(OutputFolder, RefusesPathsThatCannotHoldFilesAndCreatesNothing) {
+  const fs::path root = scratch_with_a_file("loom-output-folder");
 
   EXPECT_NO_THROW(check_output_folder((root / "new" / "deeper").string(), "checkpoint.dir"));
   EXPECT_FALSE(fs::exists(root / "new")) << "the check must create nothing";
@@ -53,10 +59,7 @@ TEST(OutputFolder, RefusesPathsThatCannotHoldFilesAndCreatesNothing) {
 
 // A file an output will be written to: its folder as above, and the path itself must not be a folder.
 TEST(OutputFolder, OutputFilesAreCheckedLikeTheirFolder) {
-  const fs::path root = fs::temp_directory_path() / ("loom-output-file-" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  fs::create_directories(root);
-  std::ofstream(root / "a-file") << "x";
+  const fs::path root = scratch_with_a_file("loom-output-file");
   EXPECT_NO_THROW(check_output_file((root / "new" / "hw.toml").string(), "--out"));
   EXPECT_NO_THROW(check_output_file((root / "a-file").string(), "--out"));  // replaced later, kept now
   EXPECT_FALSE(fs::exists(root / "new"));
